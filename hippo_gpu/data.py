@@ -1,0 +1,268 @@
+"""Readers for HippoRAG-format data: corpus, questions and OpenIE JSON.
+
+Everything users bring arrives here first, so every defect in it is counted, never fatal:
+malformed triples (wrong arity, non-strings, empty strings) and passages without triples are
+reported in an `OpenIEReport`. The one fatal case is an OpenIE file that does not cover the
+corpus, because indexing it silently would drop passages from the graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Triple = tuple[str, str, str]
+
+
+class DataFormatError(ValueError):
+    """A data file does not have the shape its reader expects."""
+
+
+class CoverageError(DataFormatError):
+    """The OpenIE file lacks passages of the corpus."""
+
+    def __init__(self, missing: list[str]) -> None:
+        shown = ", ".join(repr(m[:60]) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        super().__init__(
+            f"the OpenIE file does not cover {len(missing)} corpus passage(s): {shown}{more}; "
+            "extract them first, or pass allow_missing=True (--allow-missing-openie) to index "
+            "them without triples"
+        )
+        self.missing = missing
+
+
+def passage_key(content: str) -> str:
+    """Official HippoRAG chunk id: "chunk-" + md5 of the passage text (title + "\\n" + text)."""
+    return "chunk-" + hashlib.md5(content.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Passage:
+    title: str
+    text: str
+
+    @property
+    def content(self) -> str:
+        """The text HippoRAG indexes and embeds: title, newline, body."""
+        return f"{self.title}\n{self.text}"
+
+    @property
+    def key(self) -> str:
+        return passage_key(self.content)
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: tuple[str, ...]  # gold answer first, then aliases
+    gold: tuple[Passage, ...]  # supporting passages
+
+
+@dataclass
+class OpenIEReport:
+    """What the OpenIE reader found wrong with its input (all counts, never a crash)."""
+
+    passages: int = 0
+    triples_read: int = 0
+    triples_kept: int = 0
+    malformed_triples: Counter[str] = field(default_factory=Counter)  # reason -> count
+    passages_without_triples: int = 0
+    passages_with_error: int = 0
+    missing_passages: int = 0  # corpus passages the file lacks (only with allow_missing)
+    extra_passages: int = 0  # passages in the file that are not in the corpus (ignored)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passages": self.passages,
+            "triples_read": self.triples_read,
+            "triples_kept": self.triples_kept,
+            "malformed_triples": sum(self.malformed_triples.values()),
+            "malformed_by_reason": dict(sorted(self.malformed_triples.items())),
+            "passages_without_triples": self.passages_without_triples,
+            "passages_with_error": self.passages_with_error,
+            "missing_passages": self.missing_passages,
+            "extra_passages": self.extra_passages,
+        }
+
+
+def _load_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError as e:
+        raise DataFormatError(f"{path}: no such file") from e
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}: not valid JSON ({e})") from e
+
+
+def _passage_from(item: Any, where: str) -> Passage:
+    if not isinstance(item, dict):
+        raise DataFormatError(f"{where}: expected an object with title and text")
+    text = item.get("text", item.get("paragraph_text"))
+    title = item.get("title", "")
+    if not isinstance(text, str) or not isinstance(title, str):
+        raise DataFormatError(f"{where}: 'title' and 'text' must be strings")
+    return Passage(title=title, text=text)
+
+
+def read_corpus(source: str | Path | Sequence[dict[str, Any]]) -> list[Passage]:
+    """Read a corpus JSON: a list of {"title", "text"} objects (extra keys ignored).
+
+    Duplicate passages (same title and text) are an error: they would share one chunk key.
+    """
+    items = _load_json(source) if isinstance(source, (str, Path)) else source
+    if not isinstance(items, list):
+        raise DataFormatError(f"{source}: a corpus is a JSON list of {{title, text}} objects")
+    passages = [_passage_from(item, f"corpus[{i}]") for i, item in enumerate(items)]
+    seen: dict[str, int] = {}
+    for i, p in enumerate(passages):
+        if p.key in seen:
+            raise DataFormatError(
+                f"corpus[{i}] duplicates corpus[{seen[p.key]}] (title {p.title!r}); "
+                "remove duplicates, they would share one passage node"
+            )
+        seen[p.key] = i
+    return passages
+
+
+def read_questions(source: str | Path | Sequence[dict[str, Any]]) -> list[Question]:
+    """Read questions in the HippoRAG reproduce formats.
+
+    MuSiQue style: `paragraphs[]` with `is_supporting`. 2Wiki/HotpotQA style: `context` as
+    [[title, [sentences]], ...] with `supporting_facts` as [[title, sentence_idx], ...]; a
+    supporting passage is title + the sentences joined as HippoRAG's corpus files join them.
+    """
+    items = _load_json(source) if isinstance(source, (str, Path)) else source
+    if not isinstance(items, list):
+        raise DataFormatError(f"{source}: questions are a JSON list")
+    out = []
+    for i, q in enumerate(items):
+        where = f"questions[{i}]"
+        if not isinstance(q, dict) or not isinstance(q.get("question"), str):
+            raise DataFormatError(f"{where}: needs a 'question' string")
+        qid = str(q.get("id", q.get("_id", i)))
+        answers = _answers(q)
+        if "paragraphs" in q:
+            gold = tuple(
+                _passage_from(p, f"{where}.paragraphs[{j}]")
+                for j, p in enumerate(q["paragraphs"])
+                if p.get("is_supporting")
+            )
+        elif "context" in q and "supporting_facts" in q:
+            titles = {t for t, *_ in q["supporting_facts"]}
+            gold = tuple(
+                Passage(title=t, text="".join(sents))
+                for t, sents in q["context"]
+                if t in titles
+            )
+        else:
+            raise DataFormatError(
+                f"{where}: needs 'paragraphs' (MuSiQue) or 'context' + 'supporting_facts'"
+            )
+        out.append(Question(id=qid, question=q["question"], answers=answers, gold=gold))
+    return out
+
+
+def _answers(q: dict[str, Any]) -> tuple[str, ...]:
+    ans = q.get("answer", [])
+    answers = [ans] if isinstance(ans, str) else list(ans or [])
+    answers += list(q.get("answer_aliases", []) or [])
+    return tuple(a for a in answers if isinstance(a, str))
+
+
+@dataclass(frozen=True)
+class OpenIEDoc:
+    entities: tuple[str, ...]
+    triples: tuple[Triple, ...]  # raw (unnormalised) but well-formed triples
+    error: str | None = None
+
+
+def _check_triple(t: Any) -> str | None:
+    """Return why a raw triple is malformed, or None when it is a usable (s, p, o)."""
+    if not isinstance(t, (list, tuple)):
+        return "not_a_list"
+    if len(t) != 3:
+        return "wrong_arity"
+    if not all(isinstance(x, str) for x in t):
+        return "non_string"
+    if not all(x.strip() for x in t):
+        return "empty_string"
+    return None
+
+
+def read_openie(
+    source: str | Path | dict[str, Any],
+    corpus: Sequence[Passage],
+    *,
+    allow_missing: bool = False,
+) -> tuple[list[OpenIEDoc], OpenIEReport]:
+    """Read an OpenIE JSON (v1 or v2) and align it to `corpus` order.
+
+    v1 docs carry `passage` (or `title` + `text`); v2 docs carry `idx` (a chunk key) and
+    `passage`. Docs are matched to corpus passages by chunk key. Within a doc, duplicate
+    well-formed triples are dropped (as upstream's filter does).
+
+    Returns:
+        docs: one OpenIEDoc per corpus passage, in corpus order.
+        report: counts of everything skipped.
+    """
+    data = _load_json(source) if isinstance(source, (str, Path)) else source
+    docs_in = data.get("docs") if isinstance(data, dict) else data
+    if not isinstance(docs_in, list):
+        raise DataFormatError(f"{source}: an OpenIE file is an object with a 'docs' list")
+    report = OpenIEReport(passages=len(corpus))
+    wanted = {p.key for p in corpus}
+    by_key: dict[str, OpenIEDoc] = {}
+    for i, d in enumerate(docs_in):
+        if not isinstance(d, dict):
+            raise DataFormatError(f"{source}: docs[{i}] is not an object")
+        key = _doc_key(d, f"{source}: docs[{i}]")
+        if key not in wanted:
+            report.extra_passages += 1
+            continue
+        triples: list[Triple] = []
+        seen: set[Triple] = set()
+        raw = d.get("extracted_triples") or []
+        if not isinstance(raw, list):
+            raw = []
+        for t in raw:
+            report.triples_read += 1
+            reason = _check_triple(t)
+            if reason is not None:
+                report.malformed_triples[reason] += 1
+                continue
+            tt = (t[0], t[1], t[2])
+            if tt not in seen:
+                seen.add(tt)
+                triples.append(tt)
+        ents = tuple(e for e in (d.get("extracted_entities") or []) if isinstance(e, str))
+        error = d.get("error") if isinstance(d.get("error"), str) else None
+        by_key[key] = OpenIEDoc(entities=ents, triples=tuple(triples), error=error)
+    missing = [p.content for p in corpus if p.key not in by_key]
+    if missing and not allow_missing:
+        raise CoverageError(missing)
+    report.missing_passages = len(missing)
+    docs = [by_key.get(p.key, OpenIEDoc(entities=(), triples=())) for p in corpus]
+    report.triples_kept = sum(len(d.triples) for d in docs)
+    report.passages_without_triples = sum(1 for d in docs if not d.triples)
+    report.passages_with_error = sum(1 for d in docs if d.error)
+    return docs, report
+
+
+def _doc_key(d: dict[str, Any], where: str) -> str:
+    idx = d.get("idx")
+    if isinstance(idx, str) and idx.startswith("chunk-"):
+        return idx
+    if isinstance(d.get("passage"), str):
+        return passage_key(d["passage"])
+    if isinstance(d.get("title"), str) and isinstance(d.get("text"), str):
+        return passage_key(f"{d['title']}\n{d['text']}")
+    raise DataFormatError(f"{where}: needs 'idx' (chunk key), 'passage', or 'title' + 'text'")

@@ -1,0 +1,201 @@
+"""OpenIE triples -> phrase/fact tables -> symmetric weighted adjacency (torch sparse CSR).
+
+Edge semantics (official HippoRAG 2, main@c617143), on ordered-pair statistics `stats[(u, v)]`:
+
+    fact      for each (s, p, o) of a passage's normalised triples:
+              stats[(s, o)] += 1 and stats[(o, s)] += 1   (counts add across passages)
+    passage   stats[(passage, e)] = 1 for each phrase e in the passage's triples
+    synonym   stats[(u, v)] = cos(u, v) for each accepted kNN pair (see synonyms.py); this
+              assignment overwrites a fact count on the same orientation
+
+Self pairs are dropped and the graph is undirected, so the adjacency is
+
+    A[u, v] = stats[(u, v)] + stats[(v, u)]
+
+fact-only pair: 2 * count; passage-phrase: 1; mutual synonyms: 2 * score; a fact pair that is
+also a synonym pair: each orientation independently count or score. Nodes: M phrase rows
+(sorted unique normalised phrases) followed by P passage rows (corpus order): N = M + P.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hippo_gpu.config import GraphConfig
+from hippo_gpu.data import OpenIEDoc, Triple
+from hippo_gpu.synonyms import SynonymEdges
+
+_NORMALISE = re.compile(r"[^A-Za-z0-9 ]")
+
+
+def normalize_text(s: str) -> str:
+    """Upstream's text_processing: lower-case, non-alphanumerics (except space) -> space, strip.
+
+    Internal runs of spaces are kept, as upstream keeps them.
+    """
+    return _NORMALISE.sub(" ", s.lower()).strip()
+
+
+def fact_text(fact: Triple) -> str:
+    """The embedded text of a fact: Python's str() of the normalised tuple, as upstream."""
+    return str(tuple(fact))
+
+
+@dataclass(frozen=True)
+class GraphElements:
+    """Nodes and counted relations extracted from OpenIE docs (no embeddings needed)."""
+
+    phrases: list[str]  # [M] sorted unique normalised subjects/objects
+    facts: list[Triple]  # [F] unique normalised triples, sorted
+    fact_phrases: np.ndarray  # [F, 2] int64 phrase rows of (subject, object)
+    fact_pair_src: np.ndarray  # [E_f] ordered phrase pairs (self pairs included, as upstream keys)
+    fact_pair_dst: np.ndarray  # [E_f]
+    fact_pair_count: np.ndarray  # [E_f] float64 counts
+    passage_phrase_passage: np.ndarray  # [E_p] passage rows (0..P-1)
+    passage_phrase_phrase: np.ndarray  # [E_p] phrase rows; unique (passage, phrase) pairs
+    num_passages: int
+
+
+def extract_elements(docs: Sequence[OpenIEDoc]) -> GraphElements:
+    """Normalise every triple and collect phrases, facts, fact-pair counts and passage links."""
+    per_doc: list[list[Triple]] = []
+    phrase_set: set[str] = set()
+    fact_set: set[Triple] = set()
+    for doc in docs:
+        triples = [(normalize_text(s), normalize_text(p), normalize_text(o))
+                   for s, p, o in doc.triples]
+        per_doc.append(triples)
+        for t in triples:
+            phrase_set.add(t[0])
+            phrase_set.add(t[2])
+            fact_set.add(t)
+    phrases = sorted(phrase_set)
+    row = {p: i for i, p in enumerate(phrases)}
+    facts = sorted(fact_set)
+    fact_phrases = np.array([[row[s], row[o]] for s, _, o in facts], dtype=np.int64).reshape(-1, 2)
+
+    subj, obj, pas = [], [], []
+    for d, triples in enumerate(per_doc):
+        for s, _, o in triples:
+            subj.append(row[s])
+            obj.append(row[o])
+            pas.append(d)
+    subj_a = np.asarray(subj, dtype=np.int64)
+    obj_a = np.asarray(obj, dtype=np.int64)
+    pas_a = np.asarray(pas, dtype=np.int64)
+    m = len(phrases)
+
+    # fact pairs: both orientations of every triple occurrence, counted
+    src = np.concatenate([subj_a, obj_a])
+    dst = np.concatenate([obj_a, subj_a])
+    pair_keys, counts = np.unique(src * m + dst, return_counts=True)
+
+    # passage -> phrase: unique (passage, phrase) over subjects and objects
+    inc = np.unique(np.concatenate([pas_a, pas_a]) * max(m, 1) + np.concatenate([subj_a, obj_a]))
+    return GraphElements(
+        phrases=phrases,
+        facts=facts,
+        fact_phrases=fact_phrases,
+        fact_pair_src=pair_keys // max(m, 1),
+        fact_pair_dst=pair_keys % max(m, 1),
+        fact_pair_count=counts.astype(np.float64),
+        passage_phrase_passage=inc // max(m, 1),
+        passage_phrase_phrase=inc % max(m, 1),
+        num_passages=len(docs),
+    )
+
+
+@dataclass(frozen=True)
+class Graph:
+    adjacency: torch.Tensor  # [N, N] sparse CSR float32, symmetric
+    passage_nodes: torch.Tensor  # [P] int64 node rows of passages, corpus order
+    counts: dict[str, int]  # upstream graph_info counts (see edge_counts)
+
+
+def build_graph(elements: GraphElements, synonyms: SynonymEdges, cfg: GraphConfig) -> Graph:
+    """Combine fact, synonym and passage statistics into the symmetric adjacency A = S + S^T."""
+    m = len(elements.phrases)
+    p = elements.num_passages
+    n = m + p
+
+    # ordered phrase-pair statistics: facts, then synonyms overwrite (or add to) them
+    f_key = elements.fact_pair_src * max(m, 1) + elements.fact_pair_dst
+    s_key = synonyms.src * max(m, 1) + synonyms.dst
+    keys = np.concatenate([f_key, s_key])
+    vals = np.concatenate([elements.fact_pair_count, synonyms.score.astype(np.float64)])
+    is_syn = np.concatenate([np.zeros(len(f_key), bool), np.ones(len(s_key), bool)])
+    uniq, inv = np.unique(keys, return_inverse=True)
+    if cfg.synonym_overwrites_facts:
+        # per key: the synonym score if any, else the fact count
+        has_syn = np.zeros(len(uniq), dtype=bool)
+        has_syn[inv[is_syn]] = True
+        pick = is_syn | ~has_syn[inv]
+        phrase_w = np.bincount(inv[pick], weights=vals[pick], minlength=len(uniq))
+    else:
+        phrase_w = np.bincount(inv, weights=vals, minlength=len(uniq))
+    ps_src = uniq // max(m, 1)
+    ps_dst = uniq % max(m, 1)
+
+    # passage -> phrase, one orientation, weight 1
+    pp_src = elements.passage_phrase_passage + m
+    pp_dst = elements.passage_phrase_phrase
+
+    src = np.concatenate([ps_src, pp_src])
+    dst = np.concatenate([ps_dst, pp_dst])
+    w = np.concatenate([phrase_w, np.ones(len(pp_src))])
+    off = (src != dst) & (w != 0)
+    src, dst, w = src[off], dst[off], w[off]
+    # symmetrise: A = S + S^T, summing duplicates
+    rows = np.concatenate([src, dst])
+    cols = np.concatenate([dst, src])
+    vals_sym = np.concatenate([w, w])
+    adjacency = coo_to_csr(rows, cols, vals_sym, n)
+
+    counts = edge_counts(elements, len(uniq), len(pp_src))
+    return Graph(adjacency=adjacency, passage_nodes=torch.arange(m, n, dtype=torch.int64),
+                 counts=counts)
+
+
+def edge_counts(elements: GraphElements, phrase_pair_keys: int, passage_pairs: int) -> dict:
+    """Counts as upstream's get_graph_info defines them.
+
+    Upstream counts dict entries of `stats`: `edges` = all ordered keys (self pairs included),
+    `passage_edges` = keys touching a passage, `facts` = unique facts, and
+    `synonym_edges` = edges - facts - passage_edges (a residual, not a count of synonym pairs).
+    """
+    total = phrase_pair_keys + passage_pairs
+    facts = len(elements.facts)
+    return {
+        "phrase_nodes": len(elements.phrases),
+        "passage_nodes": elements.num_passages,
+        "nodes": len(elements.phrases) + elements.num_passages,
+        "facts": facts,
+        "fact_edges": int(len(elements.fact_pair_src)),
+        "passage_edges": passage_pairs,
+        "synonym_edges": total - facts - passage_pairs,
+        "edges": total,
+    }
+
+
+def coo_to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int) -> torch.Tensor:
+    """Sum duplicate (row, col) entries and return a float32 torch sparse CSR [n, n]."""
+    key = rows.astype(np.int64) * n + cols.astype(np.int64)
+    uniq, inv = np.unique(key, return_inverse=True)
+    summed = np.bincount(inv, weights=vals, minlength=len(uniq))
+    r = uniq // max(n, 1)
+    c = uniq % max(n, 1)
+    crow = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))]).astype(np.int64)
+    return torch.sparse_csr_tensor(
+        torch.from_numpy(crow), torch.from_numpy(c.astype(np.int64)),
+        torch.from_numpy(summed.astype(np.float32)), size=(n, n),
+    )
+
+
+def phrase_passage_counts(elements: GraphElements) -> np.ndarray:
+    """[M] number of passages whose triples mention each phrase (upstream ent_node_to_chunk_ids)."""
+    return np.bincount(elements.passage_phrase_phrase, minlength=len(elements.phrases))

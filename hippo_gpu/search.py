@@ -1,0 +1,393 @@
+"""Batched retrieval: queries -> ranked passages.
+
+All per-query work is batched tensor work: one encoder call per instruction type, one GEMM for
+queries x facts and one for queries x passages, `torch.topk` for candidate facts, scatter-adds for
+seed weights, one batched PPR solve, `torch.topk` for the ranking. No Python loop over nodes,
+passages or queries in the hot path.
+
+Modes:
+    hipporag2  official HippoRAG 2 (main@c617143) retrieval, step by step (parity mode)
+    dense      DPR with the index's encoder
+    hybrid     our improvement: score fusion of PPR and dense scores (see `_hybrid_scores`)
+    hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
+               phrase graph -> passage scores (needs query entities)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from hippo_gpu.config import MODES, RetrievalConfig
+from hippo_gpu.data import Triple
+
+if TYPE_CHECKING:
+    from hippo_gpu.index import Index
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked passage for one query."""
+
+    key: str  # "chunk-" + md5(title + "\n" + text)
+    title: str
+    score: float
+    rank: int  # 0-based position in the ranking
+
+
+@dataclass
+class FilterOutcome:
+    """What a recognition-memory filter kept: per query, indices into its candidate list."""
+
+    kept: list[list[int]]
+    fallbacks: int = 0  # queries whose filter call failed (they keep nothing)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class FactFilter(Protocol):
+    """Recognition memory: (queries, candidate facts per query) -> kept candidate indices."""
+
+    def __call__(self, queries: list[str], candidates: list[list[Triple]]) -> FilterOutcome: ...
+
+
+@dataclass
+class Ranking:
+    """Batched retrieval output. Shapes: Q queries, K = min(top_k, P)."""
+
+    passage_rows: Tensor  # [Q, K] int64 passage rows, best first
+    scores: Tensor  # [Q, K] float
+    stage_seconds: dict[str, float]
+    dense_fallback: Tensor  # [Q] bool: query answered by the dense ranking
+    seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
+    filter_outcome: FilterOutcome | None = None
+
+
+def minmax_rows(x: Tensor) -> Tensor:
+    """Row-wise (x - min) / (max - min); a row with zero range becomes all ones (as upstream)."""
+    lo = x.min(dim=1, keepdim=True).values
+    hi = x.max(dim=1, keepdim=True).values
+    rng = hi - lo
+    scaled = (x - lo) / torch.where(rng > 0, rng, torch.ones_like(rng))
+    return torch.where(rng > 0, scaled, torch.ones_like(x))
+
+
+def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k per row, descending, ties broken by the lower column index (deterministic)."""
+    k = min(k, scores.shape[1])
+    vals, idx = torch.topk(scores, k, dim=1)
+    # re-sort the selected entries by (score desc, index asc)
+    by_idx = torch.sort(idx, dim=1, stable=True)
+    v = vals.gather(1, by_idx.indices)
+    by_val = torch.sort(v, dim=1, descending=True, stable=True)
+    return by_val.values, by_idx.values.gather(1, by_val.indices)
+
+
+def _phrase_seeds(
+    index: Index, fact_rows: Tensor, fact_scores: Tensor, kept: Tensor, top_phrases: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Upstream phrase weights, batched.
+
+    For each kept fact f of query q with normalised score s_f and each of its phrases e:
+    w[q, e] = mean over such facts of s_f / |passages containing e|; then only the
+    `top_phrases` largest w per query are kept (ties: lower phrase row first).
+
+    Args:
+        fact_rows, fact_scores, kept: [Q, L] candidate facts, their min-max scores, kept mask.
+    Returns:
+        (query, phrase, weight) triplets [S] of the seeds kept.
+    """
+    q, n_cand = fact_rows.shape
+    m = len(index.phrases)
+    # [Q, 2L] subject and object phrase rows of each candidate fact
+    ends = index.fact_phrases.index_select(0, fact_rows.reshape(-1)).reshape(q, n_cand * 2)
+    score2 = fact_scores.repeat_interleave(2, dim=1)
+    kept2 = kept.repeat_interleave(2, dim=1)
+    counts = index.phrase_passage_counts.index_select(0, ends.reshape(-1)).reshape(q, n_cand * 2)
+    contrib = score2 / counts.clamp_min(1).to(score2.dtype)
+    qrow = torch.arange(q, device=ends.device).unsqueeze(1).expand(q, n_cand * 2)
+    key = (qrow * m + ends)[kept2]
+    uniq, inv = torch.unique(key, return_inverse=True)  # sorted by (query, phrase)
+    total = torch.zeros(uniq.numel(), dtype=contrib.dtype, device=contrib.device)
+    total.index_add_(0, inv, contrib[kept2])
+    n_occ = torch.zeros_like(total).index_add_(0, inv, torch.ones_like(contrib[kept2]))
+    weight = total / n_occ
+    uq, up = uniq // m, uniq % m
+    # order by (query asc, weight desc, phrase asc): stable sorts, least significant key first
+    o1 = torch.sort(weight, descending=True, stable=True).indices
+    o2 = torch.sort(uq.index_select(0, o1), stable=True).indices
+    order = o1.index_select(0, o2)
+    uq, up, weight = uq[order], up[order], weight[order]
+    first = torch.zeros(q + 1, dtype=torch.int64, device=uq.device)
+    first[1:] = torch.cumsum(torch.bincount(uq, minlength=q), 0)
+    rank = torch.arange(uq.numel(), device=uq.device) - first.index_select(0, uq)
+    sel = rank < top_phrases
+    return uq[sel], up[sel], weight[sel]
+
+
+def _solver(index: Index, cfg: RetrievalConfig, *, phrase_graph: bool = False):
+    from hippo_gpu.ppr import PPRSolver
+
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol)
+    solver = index._cache.get(key)
+    if solver is None:
+        if phrase_graph:
+            m = len(index.phrases)
+            adj = _leading_block(index.adjacency, m)
+            solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol)
+        else:
+            solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
+                               target_nodes=index.passage_nodes, tol=cfg.ppr_tol)
+        index._cache[key] = solver
+    return solver
+
+
+def _leading_block(adj: Tensor, m: int) -> Tensor:
+    """adj[:m, :m] of a sparse CSR matrix (the phrase-only graph: phrase rows come first)."""
+    coo = adj.to_sparse_coo().coalesce()
+    r, c = coo.indices()
+    keep = (r < m) & (c < m)
+    sub = torch.sparse_coo_tensor(torch.stack([r[keep], c[keep]]), coo.values()[keep], (m, m))
+    return sub.coalesce().to_sparse_csr()
+
+
+def retrieve(
+    index: Index,
+    queries: Sequence[str],
+    *,
+    top_k: int = 200,
+    mode: str = "hipporag2",
+    config: RetrievalConfig | None = None,
+    fact_filter: FactFilter | None = None,
+    query_entities: Sequence[Sequence[str]] | None = None,
+) -> list[list[Hit]]:
+    """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
+
+    Args:
+        index: a loaded index.
+        queries: Q query strings.
+        mode: "hipporag2" (parity), "hybrid", "dense" or "hipporag1".
+        config: retrieval settings (defaults reproduce upstream).
+        fact_filter: hipporag2/hybrid only: recognition-memory filter over candidate facts
+            (default: keep the top linking_top_k facts, i.e. no filter).
+        query_entities: hipporag1 only: named entities of each query.
+    """
+    ranking = rank(index, queries, top_k=top_k, mode=mode, config=config,
+                   fact_filter=fact_filter, query_entities=query_entities)
+    return to_hits(index, ranking)
+
+
+def to_hits(index: Index, ranking: Ranking) -> list[list[Hit]]:
+    rows = ranking.passage_rows.cpu().tolist()
+    scores = ranking.scores.double().cpu().tolist()
+    keys, titles = index.passage_keys, index.passage_titles
+    return [
+        [Hit(key=keys[r], title=titles[r], score=s, rank=i)
+         for i, (r, s) in enumerate(zip(rr, ss))]
+        for rr, ss in zip(rows, scores)
+    ]
+
+
+def _check_queries(queries: Sequence[str]) -> list[str]:
+    if isinstance(queries, str):
+        raise TypeError("queries must be a list of strings, not one string")
+    out = list(queries)
+    for i, q in enumerate(out):
+        if not isinstance(q, str):
+            raise TypeError(f"queries[{i}] is {type(q).__name__}, expected str")
+    return out
+
+
+def rank(
+    index: Index,
+    queries: Sequence[str],
+    *,
+    top_k: int = 200,
+    mode: str = "hipporag2",
+    config: RetrievalConfig | None = None,
+    fact_filter: FactFilter | None = None,
+    query_entities: Sequence[Sequence[str]] | None = None,
+) -> Ranking:
+    """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times."""
+    cfg = config or RetrievalConfig()
+    queries = _check_queries(queries)
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    q = len(queries)
+    p = len(index.passage_keys)
+    dev = index.device
+    if q == 0 or p == 0:
+        empty = torch.zeros((q, 0), dtype=torch.int64, device=dev)
+        return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
+    clock = _Clock(dev)
+
+    if mode == "hipporag1":
+        return _rank_hipporag1(index, queries, query_entities, top_k, cfg, clock)
+
+    enc = index.encoder()
+    e_pass = enc.encode_queries(queries, "query_to_passage").to(dev)  # [Q, D]
+    same = enc.config.query_instructions.get("query_to_fact", "") == \
+        enc.config.query_instructions.get("query_to_passage", "")
+    e_fact = e_pass if same else enc.encode_queries(queries, "query_to_fact").to(dev)
+    clock.lap("encode")
+
+    dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
+    clock.lap("dense")
+    if mode == "dense":
+        scores, rows = topk_stable(dense, top_k)
+        clock.lap("rank")
+        return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
+
+    hybrid = mode == "hybrid"
+    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
+    pass_w = cfg.hybrid_passage_node_weight if hybrid else cfg.passage_node_weight
+    f = len(index.facts)
+    if f == 0:  # no facts at all: upstream answers with the dense ranking
+        scores, rows = topk_stable(dense, top_k)
+        return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
+    fact_scores = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).float()  # [Q, F]
+    cand_scores, cand_rows = topk_stable(fact_scores, link_k)  # [Q, L]
+    clock.lap("facts")
+
+    kept = torch.ones_like(cand_rows, dtype=torch.bool)
+    outcome = None
+    if fact_filter is not None:
+        outcome = _apply_filter(index, queries, cand_rows, fact_filter)
+        kept = _kept_mask(outcome, cand_rows.shape, link_k).to(dev)
+        clock.lap("filter")
+    fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
+
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    sq, sp, sw = _phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
+    n = index.num_nodes
+    seeds = torch.zeros((n, q), dtype=dtype, device=dev)  # [N, Q]
+    seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
+    seeds[index.passage_nodes] += (pass_w * dense.to(dtype)).T
+    seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
+    clock.lap("seeds")
+
+    ppr = _solver(index, cfg)(seeds).T  # [Q, P] raw PPR probabilities at passage nodes
+    clock.lap("ppr")
+
+    if hybrid:
+        final = cfg.hybrid_weight * minmax_rows(ppr.float()) + \
+            (1.0 - cfg.hybrid_weight) * dense
+    else:
+        final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
+    final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
+    scores, rows = topk_stable(final, top_k)
+    clock.lap("rank")
+    seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
+    return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
+
+
+def _apply_filter(index: Index, queries: list[str], cand_rows: Tensor,
+                  fact_filter: FactFilter) -> FilterOutcome:
+    facts = index.facts
+    candidates = [[facts[j] for j in row] for row in cand_rows.cpu().tolist()]
+    outcome = fact_filter(queries, candidates)
+    if len(outcome.kept) != len(queries):
+        raise ValueError(
+            f"fact filter returned {len(outcome.kept)} rows for {len(queries)} queries")
+    return outcome
+
+
+def _kept_mask(outcome: FilterOutcome, shape: torch.Size, limit: int) -> Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for qi, kept in enumerate(outcome.kept):
+        for j in kept[:limit]:
+            if 0 <= j < shape[1]:
+                mask[qi, j] = True
+    return mask
+
+
+def _rank_hipporag1(index: Index, queries: list[str],
+                    query_entities: Sequence[Sequence[str]] | None, top_k: int,
+                    cfg: RetrievalConfig, clock: _Clock) -> Ranking:
+    """HippoRAG 1: entities -> nearest phrase (cosine argmax) -> reset weight 1/|passages| ->
+    PPR on the phrase-only graph -> passage score = sum of its phrases' PPR, min-max."""
+    if query_entities is None:
+        raise ValueError(
+            "mode 'hipporag1' needs the named entities of each query: pass query_entities "
+            "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
+            "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
+    if len(query_entities) != len(queries):
+        raise ValueError(
+            f"query_entities has {len(query_entities)} rows for {len(queries)} queries")
+    dev = index.device
+    q, m, p = len(queries), len(index.phrases), len(index.passage_keys)
+    owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
+    flat = [e for ents in query_entities for e in ents]
+    enc = index.encoder()
+    e_pass = enc.encode_queries(queries, "query_to_passage").to(dev)
+    dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()
+    has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
+    if flat and m > 0:
+        e_ent = enc.encode(flat).to(dev, index.phrase_emb.dtype)  # [E, D]
+        nearest = (e_ent @ index.phrase_emb.T).argmax(dim=1)  # [E] phrase rows
+        clock.lap("encode")
+        own = torch.tensor(owner, dtype=torch.int64, device=dev)
+        weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        seeds = torch.zeros((m, q), dtype=dtype, device=dev)
+        seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
+        has_ent[own] = True
+        seeds[:, ~has_ent] = 1.0  # placeholder; those columns fall back to dense
+        clock.lap("seeds")
+        ppr = _solver(index, cfg, phrase_graph=True)(seeds)  # [M, Q]
+        inc = torch.sparse_coo_tensor(
+            torch.stack([index.incidence_passage, index.incidence_phrase]),
+            torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
+        ).to_sparse_csr()
+        doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
+        clock.lap("ppr")
+    else:
+        doc = dense
+    final = torch.where(has_ent.unsqueeze(1), doc, dense)
+    scores, rows = topk_stable(final, top_k)
+    clock.lap("rank")
+    return Ranking(rows, scores, clock.seconds, ~has_ent)
+
+
+class _Clock:
+    """Stage timer (synchronises CUDA so each stage is charged its own work)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def hipporag2_reset_vectors(index: Index, queries: Sequence[str],
+                            config: RetrievalConfig | None = None) -> Tensor:
+    """The [N, Q] float64 HippoRAG 2 reset vectors of `queries` (for PPR benchmarks/tests)."""
+    cfg = config or RetrievalConfig()
+    queries = _check_queries(queries)
+    dev = index.device
+    enc = index.encoder()
+    e = enc.encode_queries(queries, "query_to_passage").to(dev)
+    e_fact = enc.encode_queries(queries, "query_to_fact").to(dev)
+    dense = minmax_rows(e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
+    fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
+    cs, cr = topk_stable(fs, cfg.linking_top_k)
+    kept = torch.ones_like(cr, dtype=torch.bool)
+    sq, sp, sw = _phrase_seeds(index, cr, cs, kept, cfg.linking_top_k)
+    seeds = torch.zeros((index.num_nodes, len(queries)), dtype=torch.float64, device=dev)
+    seeds.index_put_((sp, sq), sw, accumulate=True)
+    seeds[index.passage_nodes] += (cfg.passage_node_weight * dense).T
+    return seeds
+
