@@ -108,7 +108,9 @@ class Encoder:
             self.model.max_seq_length = config.max_seq_length
         if device.type == "cuda" and config.precision == "float16":
             self.model.half()
-        dim = self.model.get_sentence_embedding_dimension()
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or \
+            self.model.get_sentence_embedding_dimension  # sentence-transformers < 6
+        dim = get_dim()
         if dim is None:
             raise ValueError(f"encoder {config.model!r} does not report an embedding dimension")
         self.dim = int(dim)

@@ -20,6 +20,7 @@ also a synonym pair: each orientation independently count or score. Nodes: M phr
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -190,10 +191,15 @@ def coo_to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int) -> 
     r = uniq // max(n, 1)
     c = uniq % max(n, 1)
     crow = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))]).astype(np.int64)
-    return torch.sparse_csr_tensor(
-        torch.from_numpy(crow), torch.from_numpy(c.astype(np.int64)),
-        torch.from_numpy(summed.astype(np.float32)), size=(n, n),
-    )
+    return make_csr(torch.from_numpy(crow), torch.from_numpy(c.astype(np.int64)),
+                    torch.from_numpy(summed.astype(np.float32)), n)
+
+
+def make_csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, n: int) -> torch.Tensor:
+    """A torch sparse CSR [n, n] (silencing torch's "sparse CSR is in beta" warning)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support.*")
+        return torch.sparse_csr_tensor(crow, col, val, size=(n, n), check_invariants=False)
 
 
 def phrase_passage_counts(elements: GraphElements) -> np.ndarray:

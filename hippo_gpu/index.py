@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig
+from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
 from hippo_gpu.data import OpenIEReport, Passage, Triple, read_corpus, read_openie
 from hippo_gpu.device import resolve_device
 from hippo_gpu.embed import Encoder, embeddings_dtype
@@ -25,13 +25,14 @@ from hippo_gpu.graph import (
     build_graph,
     extract_elements,
     fact_text,
+    make_csr,
     phrase_passage_counts,
 )
 from hippo_gpu.store import IndexFormatError, read_index_dir, write_index_dir
 from hippo_gpu.synonyms import knn, resolve_knn_backend, select_synonym_edges, synonym_candidates_k
 
 if TYPE_CHECKING:
-    from hippo_gpu.search import Hit
+    from hippo_gpu.search import FactFilter, Hit
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,23 @@ class Index:
                     f"the index holds dim {self.passage_emb.shape[1]}")
         return self._encoder
 
-    def retrieve(self, queries: Sequence[str], **kwargs: Any) -> list[list[Hit]]:
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 200,
+        mode: str = "hipporag2",
+        config: RetrievalConfig | None = None,
+        fact_filter: FactFilter | None = None,
+        query_entities: Sequence[Sequence[str]] | None = None,
+        return_seeds: bool = False,
+    ) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
         """Rank passages for a batch of queries; see hippo_gpu.search.retrieve."""
         from hippo_gpu.search import retrieve
 
-        return retrieve(self, queries, **kwargs)
+        return retrieve(self, queries, top_k=top_k, mode=mode, config=config,
+                        fact_filter=fact_filter, query_entities=query_entities,
+                        return_seeds=return_seeds)
 
     def save(self, out_dir: str | Path) -> Path:
         """Write this index to `out_dir` atomically."""
@@ -265,6 +278,7 @@ def build_index(
         counts=counts,
         report=report.as_dict(),
         timings=timings,
+        _encoder=enc,  # the query encoder is the build encoder: no second load
     )
     if out_dir is not None:
         index.save(out_dir)
@@ -315,8 +329,7 @@ def load_index(
         raise IndexFormatError(f"{path}: embeddings have dim {e['passage'].shape[1]}, "
                                f"manifest says {dim}")
     n = int(g["adjacency_crow"].numel() - 1)
-    adjacency = torch.sparse_csr_tensor(g["adjacency_crow"], g["adjacency_col"],
-                                        g["adjacency_val"], size=(n, n))
+    adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
     phrases = t["phrases"]
     facts = [tuple(f) for f in t["facts"]]
     index = Index(

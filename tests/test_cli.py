@@ -1,0 +1,52 @@
+import json
+
+from typer.testing import CliRunner
+
+from hippo_gpu.cli import app
+
+runner = CliRunner()
+
+
+def test_stats_json_has_the_documented_keys(sample_index_dir):
+    res = runner.invoke(app, ["stats", str(sample_index_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)
+    for key in ("phrase_nodes", "passage_nodes", "facts", "fact_edges", "synonym_edges",
+                "passage_edges", "nodes", "edges", "malformed_triples"):
+        assert isinstance(s[key], int), key
+    assert s["passage_nodes"] == 30 and s["nodes"] == s["phrase_nodes"] + 30
+
+
+def test_index_and_eval_commands_on_the_sample(tmp_path):
+    from hippo_gpu.sample import paths
+
+    files = paths()
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("corpus", "questions"):
+        (data / f"{name}.json").write_text(files[name].read_text())
+    (data / "openie_sample.json").write_text(files["openie"].read_text())
+    out = tmp_path / "idx"
+    res = runner.invoke(app, ["index", "--corpus", str(data / "corpus.json"), "--openie",
+                              str(data / "openie_sample.json"), "--out", str(out),
+                              "--threads", "1", "--cache-dir", str(tmp_path / "cache")])
+    assert res.exit_code == 0, res.output
+    assert (out / "manifest.json").exists()
+    report = tmp_path / "eval.json"
+    res = runner.invoke(app, ["eval", "--data", str(data), "--index-dir", str(out), "--modes",
+                              "dense,hipporag2,hybrid", "--top-k", "10", "--json", str(report),
+                              "--per-query", str(tmp_path / "pq.json")])
+    assert res.exit_code == 0, res.output
+    r = json.loads(report.read_text())
+    assert set(r["modes"]) == {"dense", "hipporag2", "hybrid"} and r["n_questions"] == 4
+    for m in r["modes"].values():
+        assert set(m["recall"]) == {"1", "2", "5", "10"} and m["queries_per_s"] > 0
+        assert 0 <= m["recall"]["10"] <= 100
+    assert len(json.loads((tmp_path / "pq.json").read_text())) == 4
+
+
+def test_errors_are_clear(tmp_path):
+    res = runner.invoke(app, ["stats", str(tmp_path)])
+    assert res.exit_code == 2 and "not a hippo-gpu index" in res.output
+    res = runner.invoke(app, ["index", "--corpus", "x.json", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--openie" in res.output

@@ -1,0 +1,441 @@
+"""The query server, end to end: a real uvicorn on 127.0.0.1 over the real sample index.
+
+Every test starts uvicorn on a free loopback port (in a thread, or the CLI in a subprocess) and
+talks to it over HTTP. Served rankings are compared with offline `index.retrieve` on the same
+index. Where a test needs a request to stay in flight (queue overflow, shutdown), the index is
+wrapped in a gate that holds `retrieve` until the test opens it; the ranking still comes from the
+real index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+
+from hippo_gpu.batcher import BatcherConfig  # noqa: E402
+from hippo_gpu.server import ServerConfig, create_app  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "hippo_gpu" / "sample"
+MODES = ("hipporag2", "dense", "hybrid")
+TOKEN = "test-token-8c1f"
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+
+def _sample_paths() -> tuple[Path, Path]:
+    try:
+        from hippo_gpu.sample import paths
+    except ImportError:
+        return SAMPLE / "corpus.json", SAMPLE / "openie.json"
+    p = paths()
+    return Path(p["corpus"]), Path(p["openie"])
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        from hippo_gpu import build_index
+    except ImportError:
+        pytest.skip("hippo_gpu.build_index is not available yet (index/search modules missing)")
+    corpus, openie = _sample_paths()
+    if not (corpus.is_file() and openie.is_file()):
+        pytest.skip(f"bundled sample corpus/OpenIE not found at {corpus.parent}")
+    out = tmp_path_factory.mktemp("sample_index")
+    build_index(corpus, openie, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(index_dir: Path) -> Any:
+    from hippo_gpu import load_index
+
+    return load_index(index_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def queries(index: Any) -> list[str]:
+    """The sample question plus one question per passage title (titles are in the index)."""
+    titles = sorted({h.title for hits in index.retrieve(["science"], top_k=50, mode="dense")
+                     for h in hits})  # fmt: skip
+    return ["Which Stanford University professor works on Alzheimer's?"] + [
+        f"What is known about {t}?" for t in titles
+    ]
+
+
+class Gate:
+    """Wraps the real index; `retrieve` waits until the gate opens (or raises, if told to)."""
+
+    def __init__(self, index: Any, *, raise_error: Exception | None = None) -> None:
+        self._index = index
+        self.passage_keys = index.passage_keys
+        self.passage_texts = index.passage_texts
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.raise_error = raise_error
+
+    def retrieve(self, queries: list[str], *, top_k: int, mode: str) -> Any:
+        self.entered.set()
+        assert self.opened.wait(30), "gate never opened"
+        if self.raise_error is not None:
+            raise self.raise_error
+        return self._index.retrieve(queries, top_k=top_k, mode=mode)
+
+    def stats(self) -> dict[str, Any]:
+        return self._index.stats()
+
+
+@contextmanager
+def serving(index: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
+    """uvicorn on 127.0.0.1, a free port, in a thread; yields (base URL, server)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(index, config), log_level="warning", timeout_graceful_shutdown=20)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        assert not thread.is_alive(), "server thread did not stop"
+
+
+def _offline(index: Any, queries: list[str], top_k: int, mode: str) -> list[list[dict]]:
+    text_of = dict(zip(index.passage_keys, index.passage_texts, strict=True))
+    return [
+        [
+            {"key": h.key, "title": h.title, "text": text_of[h.key], "score": h.score,
+             "rank": h.rank}
+            for h in hits
+        ]
+        for hits in index.retrieve(queries, top_k=top_k, mode=mode)
+    ]  # fmt: skip
+
+
+def _assert_same_ranking(served: list[dict], offline: list[dict]) -> None:
+    assert [(h["key"], h["title"], h["text"], h["rank"]) for h in served] == [
+        (h["key"], h["title"], h["text"], h["rank"]) for h in offline
+    ]
+    # float32 scores: the query encoder and GEMMs round differently with the batch's shape
+    # (padding, blocking), by ~1e-6; the ranking itself must be the same.
+    served_scores = [h["score"] for h in served]
+    assert served_scores == pytest.approx([h["score"] for h in offline], rel=1e-5, abs=1e-6)
+
+
+def _assert_no_leak(body: str, index_dir: Path) -> None:
+    assert "Traceback" not in body
+    assert str(index_dir) not in body
+    assert 'File "' not in body
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_concurrent_results_equal_offline(index: Any, queries: list[str], mode: str) -> None:
+    try:
+        index.retrieve(queries[:1], top_k=5, mode=mode)
+    except (ValueError, NotImplementedError) as e:
+        pytest.skip(f"the index does not serve mode {mode!r} offline here: {e}")
+    # Requests of 1-3 queries with two different top_k, sent at once; a 50 ms wait lets them meet.
+    requests = []
+    for i in range(24):
+        n = 1 + i % 3
+        qs = [queries[(i + j) % len(queries)] for j in range(n)]
+        requests.append({"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode})
+    config = ServerConfig(BatcherConfig(max_batch=16, max_wait_ms=50, max_queue=256))
+
+    async def send_all(url: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/retrieve", json=r) for r in requests))
+
+    with serving(index, config) as (url, _):
+        responses = asyncio.run(send_all(url))
+        stats = httpx.get(url + "/v1/stats").json()["batcher"]
+
+    for req, resp in zip(requests, responses, strict=True):
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["seeds"] is None
+        offline = _offline(index, req["queries"], req["top_k"], mode)
+        assert len(body["results"]) == len(req["queries"])
+        for served, expected in zip(body["results"], offline, strict=True):
+            assert len(served) == min(req["top_k"], len(index.passage_keys))
+            _assert_same_ranking(served, expected)
+    n_queries = sum(len(r["queries"]) for r in requests)
+    assert stats["queries_served"] == n_queries
+    assert stats["max_batch_size_seen"] <= 16
+    assert stats["batches_served"] < len(requests)  # requests really were merged
+
+
+def test_overflow_gets_429_and_queued_requests_still_complete(
+    index: Any, queries: list[str]
+) -> None:
+    gate = Gate(index)
+    config = ServerConfig(
+        BatcherConfig(max_batch=2, max_wait_ms=0, max_queue=3), max_queries_per_request=2
+    )
+
+    async def scenario(url: str) -> tuple[list[Any], Any, Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            def post(q: str) -> Any:
+                return asyncio.create_task(
+                    client.post("/v1/retrieve", json={"queries": [q], "top_k": 4, "mode": "dense"})
+                )
+
+            running = post(queries[0])
+            while not gate.entered.is_set():  # the worker holds the first request
+                await asyncio.sleep(0.005)
+            waiting = [post(q) for q in queries[1:4]]
+            for _ in range(2000):
+                if (await client.get("/v1/stats")).json()["batcher"]["queue_depth"] == 3:
+                    break
+                await asyncio.sleep(0.005)
+            overflow = await client.post(
+                "/v1/retrieve", json={"queries": [queries[4 % len(queries)]], "top_k": 4}
+            )
+            stats = (await client.get("/v1/stats")).json()["batcher"]
+            gate.opened.set()
+            return [await t for t in [running, *waiting]], overflow, stats
+
+    with serving(gate, config) as (url, _):
+        done, overflow, stats = asyncio.run(scenario(url))
+    assert overflow.status_code == 429
+    assert overflow.headers.get("retry-after") == "1"
+    assert "queue full" in overflow.json()["detail"]
+    assert stats["requests_rejected"] == 1
+    for q, resp in zip(queries[:4], done, strict=True):
+        assert resp.status_code == 200, resp.text
+        _assert_same_ranking(resp.json()["results"][0], _offline(index, [q], 4, "dense")[0])
+
+
+def test_oversized_and_invalid_input(index: Any, index_dir: Path) -> None:
+    config = ServerConfig(max_queries_per_request=4, max_query_chars=100, max_top_k=50)
+    cases_413 = [
+        {"queries": ["q"] * 5},
+        {"queries": ["x" * 101]},
+    ]
+    cases_422 = [
+        {"queries": []},
+        {"queries": ["   "]},
+        {"queries": "not a list"},
+        {"queries": [1, 2]},
+        {"queries": ["q"], "mode": "bm25"},
+        {"queries": ["q"], "top_k": 0},
+        {"queries": ["q"], "top_k": 51},
+        {"queries": ["q"], "unexpected": True},
+        {},
+    ]
+    with serving(index, config) as (url, _), httpx.Client(base_url=url) as client:
+        for body in cases_413:
+            r = client.post("/v1/retrieve", json=body)
+            assert r.status_code == 413, (body, r.text)
+            assert "limit" in r.json()["detail"]
+            _assert_no_leak(r.text, index_dir)
+        for body in cases_422:
+            r = client.post("/v1/retrieve", json=body)
+            assert r.status_code == 422, (body, r.text)
+            _assert_no_leak(r.text, index_dir)
+        # Validation errors do not echo the input back.
+        r = client.post("/v1/retrieve", json={"queries": ["q"], "mode": "secret-input-xyz"})
+        assert r.status_code == 422 and "secret-input-xyz" not in r.text
+        # A body over the limit is refused whether its length is declared or streamed.
+        big = json.dumps({"queries": ["y" * 90] * 4, "pad": "z" * config.max_body_bytes})
+        r = client.post("/v1/retrieve", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413
+
+        def chunks() -> Iterator[bytes]:
+            yield big.encode()[:1000]
+            yield big.encode()[1000:]
+
+        r = client.post(
+            "/v1/retrieve", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413
+        r = client.post(
+            "/v1/retrieve", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 422
+        # The server still answers normal requests.
+        assert (
+            client.post("/v1/retrieve", json={"queries": ["q"], "mode": "dense"}).status_code == 200
+        )
+
+
+def test_internal_errors_do_not_leak(index: Any, index_dir: Path) -> None:
+    gate = Gate(index, raise_error=RuntimeError(f"failed reading {index_dir}/graph.safetensors"))
+    gate.opened.set()
+    with serving(gate, ServerConfig()) as (url, _):
+        r = httpx.post(url + "/v1/retrieve", json={"queries": ["q"], "mode": "dense"})
+        assert r.status_code == 500
+        assert r.json() == {"detail": "internal server error"}
+        _assert_no_leak(r.text, index_dir)
+        stats = httpx.get(url + "/v1/stats")
+        assert stats.status_code == 200
+        _assert_no_leak(stats.text, index_dir)
+        assert stats.json()["batcher"]["requests_failed"] == 1
+
+
+def test_bearer_token(index: Any) -> None:
+    body = {"queries": ["Stanford"], "top_k": 2, "mode": "dense"}
+    with serving(index, ServerConfig(token=TOKEN)) as (url, _), httpx.Client(base_url=url) as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            r = c.post("/v1/retrieve", json=body, headers=headers)
+            assert r.status_code == 401, headers
+            assert r.headers.get("www-authenticate") == "Bearer"
+            assert TOKEN not in r.text
+            assert c.get("/v1/stats", headers=headers).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert c.post("/v1/retrieve", json=body, headers=auth).status_code == 200
+        assert c.get("/v1/stats", headers=auth).status_code == 200
+        # Probes and docs stay open.
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 200
+
+
+def test_health_ready_stats_docs(index: Any, index_dir: Path) -> None:
+    with serving(index, ServerConfig()) as (url, _), httpx.Client(base_url=url) as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/readyz").json() == {"status": "ready"}
+        for _ in range(3):
+            c.post("/v1/retrieve", json={"queries": ["Stanford", "Alzheimer"], "mode": "dense"})
+        r = c.get("/v1/stats")
+        assert r.status_code == 200
+        _assert_no_leak(r.text, index_dir)
+        s = r.json()
+        for k, v in index.stats().items():
+            if isinstance(v, (bool, int, float)):
+                assert s["index"][k] == v
+        b = s["batcher"]
+        assert b["requests_served"] == 3 and b["queries_served"] == 6
+        assert b["queue_depth"] == 0 and b["running"] is True
+        assert b["mean_batch_size"] == 2.0
+        assert 0 < b["latency_ms"]["p50"] <= b["latency_ms"]["p95"] <= b["latency_ms"]["p99"]
+        docs = c.get("/docs")
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
+        spec = c.get("/openapi.json").json()
+        assert {"/v1/retrieve", "/v1/stats", "/healthz", "/readyz"} <= set(spec["paths"])
+
+
+def test_seed_facts_follow_the_index(index: Any) -> None:
+    import inspect
+
+    supports = "return_seeds" in inspect.signature(index.retrieve).parameters
+    body = {"queries": ["Stanford", "Alzheimer"], "top_k": 3, "mode": "hipporag2",
+            "return_seeds": True}  # fmt: skip
+    with serving(index, ServerConfig()) as (url, _):
+        r = httpx.post(url + "/v1/retrieve", json=body, timeout=60)
+    if supports:
+        assert r.status_code == 200, r.text
+        assert len(r.json()["seeds"]) == 2
+    else:
+        assert r.status_code == 422
+        assert "seed facts" in r.json()["detail"]
+
+
+def test_shutdown_finishes_in_flight_batches(index: Any, queries: list[str]) -> None:
+    gate = Gate(index)
+    config = ServerConfig(BatcherConfig(max_batch=2, max_wait_ms=0, max_queue=64))
+    sent = queries[:6]
+
+    async def scenario(url: str, server: uvicorn.Server) -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            tasks = [
+                asyncio.create_task(
+                    client.post("/v1/retrieve", json={"queries": [q], "top_k": 3, "mode": "dense"})
+                )
+                for q in sent
+            ]
+            while True:  # one batch on the worker, the rest queued
+                b = (await client.get("/v1/stats")).json()["batcher"]
+                if b["in_flight"] + b["queue_depth"] == len(sent):
+                    break
+                await asyncio.sleep(0.005)
+            server.should_exit = True  # as on SIGTERM: stop accepting, finish what is open
+            await asyncio.sleep(0.2)
+            gate.opened.set()
+            return await asyncio.gather(*tasks)
+
+    with serving(gate, config) as (url, server):
+        responses = asyncio.run(scenario(url, server))
+        refused = False
+        for _ in range(300):  # the listening socket closes once should_exit is seen
+            try:
+                httpx.get(url + "/healthz", timeout=2)
+            except httpx.TransportError:
+                refused = True
+                break
+            time.sleep(0.05)
+        assert refused, "server still accepting after shutdown"
+    for q, r in zip(sent, responses, strict=True):
+        assert r.status_code == 200, r.text
+        _assert_same_ranking(r.json()["results"][0], _offline(index, [q], 3, "dense")[0])
+
+
+def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HIPPO_TEST_TOKEN": TOKEN}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    cmd = [sys.executable, "-m", "hippo_gpu.serve_cli", "--index", str(index_dir),
+           "--port", str(port), "--device", "cpu", "--token-env", "HIPPO_TEST_TOKEN",
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "CLI server not ready in 120 s"
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"queries": ["Stanford"], "top_k": 2, "mode": "dense"}
+        assert httpx.post(url + "/v1/retrieve", json=body, timeout=60).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(url + "/v1/retrieve", json=body, headers=auth, timeout=60)
+        assert r.status_code == 200 and len(r.json()["results"][0]) == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    assert rc == 0, out
+    assert TOKEN not in out

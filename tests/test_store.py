@@ -1,0 +1,69 @@
+"""Index save -> load round trip, corruption and compatibility errors."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from hippo_gpu import load_index
+from hippo_gpu.store import IndexFormatError
+
+
+def _tensors(idx):
+    return {
+        "crow": idx.adjacency.crow_indices(), "col": idx.adjacency.col_indices(),
+        "val": idx.adjacency.values(), "passage_nodes": idx.passage_nodes,
+        "fact_phrases": idx.fact_phrases, "counts": idx.phrase_passage_counts,
+        "passage_emb": idx.passage_emb, "phrase_emb": idx.phrase_emb, "fact_emb": idx.fact_emb,
+    }
+
+
+def test_round_trip_is_bit_identical(sample_index, tmp_path):
+    again = load_index(sample_index.save(tmp_path / "copy"), device="cpu")
+    for name, t in _tensors(sample_index).items():
+        u = _tensors(again)[name]
+        assert t.dtype == u.dtype and torch.equal(t, u), name
+    assert again.passage_keys == sample_index.passage_keys
+    assert again.facts == sample_index.facts and again.phrases == sample_index.phrases
+    assert again.stats() == sample_index.stats()
+
+
+@pytest.mark.parametrize("name", ["graph.safetensors", "embeddings.safetensors", "tables.json"])
+def test_flipped_byte_names_the_file(sample_index_dir, tmp_path, name):
+    bad = tmp_path / "bad"
+    shutil.copytree(sample_index_dir, bad)
+    path = bad / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match=name.replace(".", r"\.")):
+        load_index(bad, device="cpu")
+
+
+def test_encoder_mismatch_and_version_are_errors(sample_index_dir, tmp_path):
+    with pytest.raises(IndexFormatError, match="encoder"):
+        load_index(sample_index_dir, device="cpu", encoder="some/other-model")
+    old = tmp_path / "old"
+    shutil.copytree(sample_index_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format_version"] = 999
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="format version 999"):
+        load_index(old, device="cpu")
+    with pytest.raises(IndexFormatError, match="not a hippo-gpu index"):
+        load_index(tmp_path, device="cpu")
+
+
+def test_save_replaces_an_index_atomically_but_never_a_foreign_dir(sample_index, tmp_path):
+    target = tmp_path / "idx"
+    sample_index.save(target)
+    sample_index.save(target)  # replacing an existing index is fine
+    assert (target / "manifest.json").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    with pytest.raises(IndexFormatError, match="refusing"):
+        sample_index.save(foreign)
+    assert (foreign / "mine.txt").read_text() == "keep me"
