@@ -1,0 +1,215 @@
+"""hippo_gpu.ppr against the float64 dense oracle and igraph prpack (tests/reference.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from hippo_gpu.ppr import (
+    ConvergenceError,
+    PPRSolver,
+    build_transition,
+    personalized_pagerank,
+    ppr_iterate,
+)
+from tests.reference import (
+    dense_adjacency,
+    dense_ppr,
+    edges_to_csr,
+    igraph_ppr,
+    random_graph,
+    random_reset,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+
+needs_igraph = pytest.mark.skipif(
+    importlib.util.find_spec("igraph") is None, reason="python-igraph is the upstream reference"
+)
+
+PARITY_ATOL = 1e-9  # float64 vs prpack / the dense oracle, max abs
+FLOAT32_ATOL = 2e-6  # float32 vs float64, max abs (default float32 tol bounds the L1 error by 1e-6)
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
+
+def _case(n: int, q: int, seed: int):
+    rng = np.random.default_rng(seed)
+    edges, weights = random_graph(n, rng)
+    reset = random_reset(n, q, rng)
+    return edges, weights, reset
+
+
+def _topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    k = min(k, a.shape[0])
+    ta = np.argsort(-a, axis=0, kind="stable")[:k]
+    tb = np.argsort(-b, axis=0, kind="stable")[:k]
+    return float(np.mean([len(set(ta[:, j]) & set(tb[:, j])) / k for j in range(a.shape[1])]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("n", "q"), [(1, 1), (7, 3), (769, 3), (2000, 1)])
+def test_matches_dense_oracle(device: str, n: int, q: int) -> None:
+    edges, weights, reset = _case(n, q, seed=n + q)
+    adjacency = edges_to_csr(edges, weights, n).to(device)
+    x = personalized_pagerank(adjacency, torch.from_numpy(reset).to(device))
+    expected = dense_ppr(dense_adjacency(edges, weights, n), reset)
+    assert x.shape == (n, q) and x.dtype == torch.float64 and x.device.type == device
+    np.testing.assert_allclose(x.cpu().numpy(), expected, rtol=0, atol=PARITY_ATOL)
+    np.testing.assert_allclose(x.sum(0).cpu().numpy(), np.ones(q), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("n", "q"), [(1, 3), (7, 1), (7, 64), (769, 1), (769, 64), (5125, 3)])
+def test_matches_igraph_prpack(device: str, n: int, q: int) -> None:
+    edges, weights, reset = _case(n, q, seed=10 * n + q)
+    adjacency = edges_to_csr(edges, weights, n).to(device)
+    x = personalized_pagerank(adjacency, torch.from_numpy(reset).to(device))
+    expected = igraph_ppr(edges, weights, n, reset)
+    np.testing.assert_allclose(x.cpu().numpy(), expected, rtol=0, atol=PARITY_ATOL)
+
+
+@pytest.mark.parametrize("damping", [0.0, 0.15, 0.85])
+def test_other_dampings_match_oracle(damping: float) -> None:
+    edges, weights, reset = _case(97, 3, seed=5)
+    x = personalized_pagerank(
+        edges_to_csr(edges, weights, 97), torch.from_numpy(reset), damping=damping
+    )
+    expected = dense_ppr(dense_adjacency(edges, weights, 97), reset, damping)
+    np.testing.assert_allclose(x.numpy(), expected, rtol=0, atol=PARITY_ATOL)
+
+
+@needs_igraph
+def test_dangling_seed_and_zero_weight_edges() -> None:
+    """A seed on an isolated node keeps its restart mass; zero-weight edges are ignored."""
+    n = 6
+    edges = np.array([[0, 1], [1, 2], [2, 3], [4, 5]])
+    weights = np.array([1.0, 2.0, 0.5, 0.0])  # 4-5 has weight 0: both are dangling
+    reset = np.zeros((n, 3))
+    reset[5, 0] = 1.0  # only an isolated node
+    reset[[0, 4], 1] = [1.0, 3.0]  # mixed
+    reset[:, 2] = 1.0
+    adjacency = torch.sparse_csr_tensor(  # keep the explicit zeros in the CSR structure
+        torch.tensor([0, 1, 3, 5, 6, 7, 8]),
+        torch.tensor([1, 0, 2, 1, 3, 2, 5, 4]),
+        torch.tensor([1.0, 1.0, 2.0, 2.0, 0.5, 0.5, 0.0, 0.0], dtype=torch.float64),
+        (n, n),
+    )
+    x = personalized_pagerank(adjacency, torch.from_numpy(reset)).numpy()
+    expected = igraph_ppr(edges[:3], weights[:3], n, reset)
+    np.testing.assert_allclose(x, expected, rtol=0, atol=PARITY_ATOL)
+    np.testing.assert_allclose(x[:, 0], np.eye(n)[5], atol=1e-15)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_agrees_with_float64(device: str) -> None:
+    edges, weights, reset = _case(769, 64, seed=3)
+    adjacency = edges_to_csr(edges, weights, 769).to(device)
+    seeds = torch.from_numpy(reset).to(device)
+    x64 = personalized_pagerank(adjacency, seeds).cpu().numpy()
+    x32 = personalized_pagerank(adjacency, seeds.float())
+    assert x32.dtype == torch.float32
+    x32 = x32.cpu().numpy()
+    np.testing.assert_allclose(x32, x64, rtol=0, atol=FLOAT32_ATOL)
+    assert _topk_overlap(x32, x64, 10) >= 0.97
+
+
+def test_iterations_reported_and_tol_respected() -> None:
+    edges, weights, reset = _case(769, 3, seed=11)
+    adjacency = edges_to_csr(edges, weights, 769)
+    transition = build_transition(adjacency)
+    loose = ppr_iterate(transition, torch.from_numpy(reset), tol=1e-4)
+    tight = ppr_iterate(transition, torch.from_numpy(reset), tol=1e-12)
+    assert loose.converged and tight.converged
+    assert loose.iterations.shape == (3,) and tight.iterations.shape == (3,)
+    assert 1 <= int(loose.iterations.max()) < int(tight.iterations.min())
+    assert bool((tight.error_bound <= 1e-12).all())
+    expected = dense_ppr(dense_adjacency(edges, weights, 769), reset)
+    errors = np.abs(loose.scores.numpy() - expected).sum(0)  # true L1 error per column
+    assert bool((errors <= 1e-4).all())  # the reported bound is a real bound
+    with pytest.raises(ConvergenceError):
+        personalized_pagerank(adjacency, torch.from_numpy(reset), tol=1e-12, max_iter=2)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros((7, 2)),  # all-zero columns
+        np.array([[1.0, 0.0]] * 6 + [[np.nan, 1.0]]),
+        np.array([[1.0, 1.0]] * 6 + [[-0.5, 1.0]]),
+        np.ones((6, 2)),  # shape mismatch
+        np.ones(7),  # not [N, Q]
+    ],
+    ids=["zero-column", "nan", "negative", "rows", "1d"],
+)
+def test_bad_seeds_raise(bad: np.ndarray) -> None:
+    edges, weights, _ = _case(7, 1, seed=0)
+    with pytest.raises(ValueError):
+        personalized_pagerank(edges_to_csr(edges, weights, 7), torch.from_numpy(bad))
+
+
+def test_bad_adjacency_and_damping_raise() -> None:
+    edges, weights, reset = _case(7, 1, seed=0)
+    seeds = torch.from_numpy(reset)
+    dense = torch.from_numpy(dense_adjacency(edges, weights, 7))
+    with pytest.raises(ValueError):
+        personalized_pagerank(dense, seeds)  # not CSR
+    with pytest.raises(ValueError):
+        personalized_pagerank((-dense).to_sparse_csr(), seeds)
+    with pytest.raises(ValueError):
+        personalized_pagerank(dense.to_sparse_csr(), seeds, damping=1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    ("method", "reorder"), [("closed_form", False), ("iterate", False), ("iterate", True)]
+)
+def test_solver_matches_function(
+    device: str, dtype: torch.dtype, method: str, reorder: bool
+) -> None:
+    n, q = 769, 64
+    edges, weights, reset = _case(n, q, seed=21)
+    adjacency = edges_to_csr(edges, weights, n)
+    targets = torch.from_numpy(np.random.default_rng(1).choice(n, 200, replace=False))
+    solver = PPRSolver(
+        adjacency, target_nodes=targets, dtype=dtype, device=device, method=method, reorder=reorder
+    )
+    seeds = torch.from_numpy(reset)
+    out = solver(seeds)
+    assert out.shape == (200, q) and out.dtype == dtype and out.device.type == device
+    expected = personalized_pagerank(adjacency, seeds)[targets].numpy()
+    atol = PARITY_ATOL if dtype == torch.float64 else FLOAT32_ATOL
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=0, atol=atol)
+    if method == "iterate":
+        assert solver.last_iterations > 0
+    # A second batch through the same precomputed solver (buffers, gathers) stays exact.
+    out2 = solver(seeds[:, :5].flip(1)).cpu().numpy()
+    np.testing.assert_allclose(out2, expected[:, :5][:, ::-1], rtol=0, atol=atol)
+
+
+def test_solver_all_rows_and_to() -> None:
+    edges, weights, reset = _case(50, 3, seed=2)
+    adjacency = edges_to_csr(edges, weights, 50)
+    expected = dense_ppr(dense_adjacency(edges, weights, 50), reset)
+    for method in ("closed_form", "iterate"):
+        solver = PPRSolver(adjacency, dtype=torch.float64, method=method).to("cpu")
+        np.testing.assert_allclose(
+            solver(torch.from_numpy(reset)).numpy(), expected, rtol=0, atol=PARITY_ATOL
+        )
+    auto = PPRSolver(adjacency, dtype=torch.float64)  # CPU: iterate
+    assert auto.method == "iterate"
+    with pytest.raises(ValueError):
+        auto(torch.zeros(50, 1, dtype=torch.float64))
