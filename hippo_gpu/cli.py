@@ -208,15 +208,18 @@ def eval_cmd(
     if use_filter:
         if llm is None:
             _fail("--filter needs --llm SPEC")
-        from hippo_gpu.llm.backends import make_backend
         from hippo_gpu.llm.filter import RecognitionMemoryFilter
 
-        fact_filter = RecognitionMemoryFilter(make_backend(llm))
+        fact_filter = RecognitionMemoryFilter(llm)  # owns (and closes) its backend
     results = {}
-    for m in mode_list:
-        results[m] = evaluate_mode(idx, questions, m, top_k=top_k, config=cfg,
-                                   fact_filter=fact_filter if m == "hipporag2" else None,
-                                   query_entities=entities if m == "hipporag1" else None)
+    try:
+        for m in mode_list:
+            results[m] = evaluate_mode(idx, questions, m, top_k=top_k, config=cfg,
+                                       fact_filter=fact_filter if m == "hipporag2" else None,
+                                       query_entities=entities if m == "hipporag1" else None)
+    finally:
+        if fact_filter is not None:
+            fact_filter.close()
     ks = list(next(iter(results.values())).recall) if results else []
     table = Table(title=f"Recall@k (%) on {data.name}, {len(questions)} questions")
     table.add_column("mode")
@@ -250,10 +253,13 @@ def _query_entities(questions, query_ner: Path | None, llm: str | None):
         table = read_query_ner_tsv(query_ner)
         return [table.get(t, []) for t in texts]
     if llm is not None:
-        from hippo_gpu.llm.backends import make_backend
         from hippo_gpu.llm.ner import QueryNER
 
-        return QueryNER(make_backend(llm))(texts)
+        ner = QueryNER(llm)  # owns its backend
+        try:
+            return ner(texts)
+        finally:
+            ner.close()
     return None
 
 

@@ -109,9 +109,12 @@ class RetrievalConfig:
     damping: probability of following an edge in PPR.
     dtype: "float32" (fast) or "float64" (parity with igraph prpack to ~1e-10).
     ppr_tol: L1 error bound per query column (None: the solver's default for the dtype).
-    hybrid_weight: hybrid mode only: final score = w * minmax(PPR) + (1 - w) * minmax(dense).
-    hybrid_passage_node_weight: hybrid mode only: passage part of the reset vector.
-    hybrid_linking_top_k: hybrid mode only: facts/phrase seeds per query.
+    hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
+        and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
+        added; the PPR ranking and the dense ranking are then fused by weighted reciprocal rank,
+        score = w / (k + rank_ppr) + (1 - w) / (k + rank_dense) with w = hybrid_weight and
+        k = hybrid_rrf_k (ranks from 0). Defaults tuned on the even-numbered half of
+        musique_train's questions (benchmarks/tune_hybrid.py).
     """
 
     linking_top_k: int = 5
@@ -119,9 +122,11 @@ class RetrievalConfig:
     damping: float = 0.5
     dtype: str = "float32"
     ppr_tol: float | None = None
-    hybrid_weight: float = 0.5
-    hybrid_passage_node_weight: float = 0.05
     hybrid_linking_top_k: int = 5
+    hybrid_passage_node_weight: float = 0.05
+    hybrid_temperature: float = 50.0
+    hybrid_weight: float = 0.7
+    hybrid_rrf_k: float = 60.0
 
     def __post_init__(self) -> None:
         if self.linking_top_k < 1 or self.hybrid_linking_top_k < 1:
@@ -132,5 +137,7 @@ class RetrievalConfig:
             raise ValueError(f"damping must be in [0, 1), got {self.damping}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.hybrid_temperature <= 0 or self.hybrid_rrf_k < 0:
+            raise ValueError("hybrid_temperature must be > 0 and hybrid_rrf_k >= 0")
         if not 0.0 <= self.hybrid_weight <= 1.0:
             raise ValueError(f"hybrid_weight must be in [0, 1], got {self.hybrid_weight}")

@@ -8,7 +8,9 @@ passages or queries in the hot path.
 Modes:
     hipporag2  official HippoRAG 2 (main@c617143) retrieval, step by step (parity mode)
     dense      DPR with the index's encoder
-    hybrid     our improvement: score fusion of PPR and dense scores (see `_hybrid_scores`)
+    hybrid     our improvement (see `rank`): phrase seeds as hipporag2 but normalised, a sharp
+               softmax passage prior instead of 0.05 x min-max, then reciprocal-rank fusion of
+               the PPR and dense rankings
     hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
                phrase graph -> passage scores (needs query entities)
 """
@@ -49,10 +51,17 @@ class FilterOutcome:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+class FilterResult(Protocol):
+    """What retrieval reads of a filter's answer (FilterOutcome or any object alike)."""
+
+    kept: list[list[int]]
+    fallbacks: int
+
+
 class FactFilter(Protocol):
     """Recognition memory: (queries, candidate facts per query) -> kept candidate indices."""
 
-    def __call__(self, queries: list[str], candidates: list[list[Triple]]) -> FilterOutcome: ...
+    def __call__(self, queries: list[str], candidates: list[list[Triple]]) -> FilterResult: ...
 
 
 @dataclass
@@ -64,7 +73,7 @@ class Ranking:
     stage_seconds: dict[str, float]
     dense_fallback: Tensor  # [Q] bool: query answered by the dense ranking
     seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
-    filter_outcome: FilterOutcome | None = None
+    filter_outcome: FilterResult | None = None
 
 
 def minmax_rows(x: Tensor) -> Tensor:
@@ -85,6 +94,14 @@ def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     v = vals.gather(1, by_idx.indices)
     by_val = torch.sort(v, dim=1, descending=True, stable=True)
     return by_val.values, by_idx.values.gather(1, by_val.indices)
+
+
+def ranks_of(scores: Tensor) -> Tensor:
+    """[Q, P] -> 0-based rank of each entry in its row (descending; ties by lower index)."""
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
+    return ranks.to(scores.dtype)
 
 
 def _phrase_seeds(
@@ -229,8 +246,13 @@ def rank(
     config: RetrievalConfig | None = None,
     fact_filter: FactFilter | None = None,
     query_entities: Sequence[Sequence[str]] | None = None,
+    query_emb: Tensor | None = None,
 ) -> Ranking:
-    """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times."""
+    """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
+
+    `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
+    vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
+    """
     cfg = config or RetrievalConfig()
     queries = _check_queries(queries)
     if mode not in MODES:
@@ -248,14 +270,21 @@ def rank(
     if mode == "hipporag1":
         return _rank_hipporag1(index, queries, query_entities, top_k, cfg, clock)
 
-    enc = index.encoder()
-    e_pass = enc.encode_queries(queries, "query_to_passage").to(dev)  # [Q, D]
-    same = enc.config.query_instructions.get("query_to_fact", "") == \
-        enc.config.query_instructions.get("query_to_passage", "")
-    e_fact = e_pass if same else enc.encode_queries(queries, "query_to_fact").to(dev)
+    instructions = index.config.encoder.query_instructions
+    same = instructions.get("query_to_fact", "") == instructions.get("query_to_passage", "")
+    if query_emb is not None:
+        if not same:
+            raise ValueError("query_emb needs one instruction for facts and passages")
+        if query_emb.shape != (q, index.passage_emb.shape[1]):
+            raise ValueError(f"query_emb must be [{q}, {index.passage_emb.shape[1]}]")
+        e_pass = query_emb.to(dev)
+    else:
+        e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)  # [Q, D]
+    e_fact = e_pass if same else index.encoder().encode_queries(queries, "query_to_fact").to(dev)
     clock.lap("encode")
 
-    dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
+    cos = (e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
+    dense = minmax_rows(cos)
     clock.lap("dense")
     if mode == "dense":
         scores, rows = topk_stable(dense, top_k)
@@ -286,7 +315,12 @@ def rank(
     n = index.num_nodes
     seeds = torch.zeros((n, q), dtype=dtype, device=dev)  # [N, Q]
     seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
-    seeds[index.passage_nodes] += (pass_w * dense.to(dtype)).T
+    if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine
+        seeds /= seeds.sum(dim=0, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        prior = torch.softmax(cfg.hybrid_temperature * cos.to(dtype), dim=1)
+        seeds[index.passage_nodes] += (pass_w * prior).T
+    else:
+        seeds[index.passage_nodes] += (pass_w * dense.to(dtype)).T
     seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
     clock.lap("seeds")
 
@@ -294,8 +328,8 @@ def rank(
     clock.lap("ppr")
 
     if hybrid:
-        final = cfg.hybrid_weight * minmax_rows(ppr.float()) + \
-            (1.0 - cfg.hybrid_weight) * dense
+        w, k = cfg.hybrid_weight, cfg.hybrid_rrf_k
+        final = w / (k + ranks_of(ppr.float())) + (1.0 - w) / (k + ranks_of(cos))
     else:
         final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
     final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
@@ -306,7 +340,7 @@ def rank(
 
 
 def _apply_filter(index: Index, queries: list[str], cand_rows: Tensor,
-                  fact_filter: FactFilter) -> FilterOutcome:
+                  fact_filter: FactFilter) -> FilterResult:
     facts = index.facts
     candidates = [[facts[j] for j in row] for row in cand_rows.cpu().tolist()]
     outcome = fact_filter(queries, candidates)
@@ -316,7 +350,7 @@ def _apply_filter(index: Index, queries: list[str], cand_rows: Tensor,
     return outcome
 
 
-def _kept_mask(outcome: FilterOutcome, shape: torch.Size, limit: int) -> Tensor:
+def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
     mask = torch.zeros(shape, dtype=torch.bool)
     for qi, kept in enumerate(outcome.kept):
         for j in kept[:limit]:

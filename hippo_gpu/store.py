@@ -1,4 +1,4 @@
-"""Save/load an index directory: safetensors + JSON, atomic, checksummed; no pickle.
+"""Save/load an index directory: safetensors + JSON, atomic, checksummed; nothing executable.
 
 Layout:
     manifest.json          format + version, config, encoder identity, counts, per-file sha256

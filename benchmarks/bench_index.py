@@ -1,0 +1,108 @@
+"""Index build benchmark on musique_train: time per stage at an explicit thread count.
+
+Builds the index from corpus.json + the authors' OpenIE file with a cold embedding cache (every
+text is embedded), once per requested encoder precision, and prints the per-stage table. With
+both precisions the bfloat16 build is compared to the float32 one: max cosine error of the
+embeddings and the synonym-edge count. One JSON line per build goes to
+benchmarks/results/bench_index.jsonl. For reference, the official HippoRAG 2 code took 358 s on
+one thread here (337 s of it embedding 35,161 texts), as measured by the issue author.
+
+    python benchmarks/bench_index.py --threads 1 --precisions float32,bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--threads", type=int, required=True, help="torch + faiss threads")
+    ap.add_argument("--precisions", default="float32", help="comma list: float32,bfloat16")
+    ap.add_argument("--data-dir", default=None, help="default $HIPPO_DATA_DIR or ../shared/data")
+    ap.add_argument("--out", default="/tmp/hippo_gpu_bench_index", help="scratch index dir")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--results", default=None)
+    return ap.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(args: argparse.Namespace) -> None:
+    import faiss
+
+    import hippo_gpu
+    from hippo_gpu.config import EncoderConfig
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
+    data = data / "musique_train"
+    if not (data / "corpus.json").exists():
+        raise SystemExit(f"musique_train not found under {data}; set HIPPO_DATA_DIR")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip() or None
+    results = Path(args.results or ROOT / "benchmarks" / "results" / "bench_index.jsonl")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    built = {}
+    print(f"threads {torch.get_num_threads()} (torch), {args.threads} (faiss); "
+          f"cpu {platform.processor() or platform.machine()}; load {os.getloadavg()}")
+    for precision in args.precisions.split(","):
+        start = time.perf_counter()
+        idx = hippo_gpu.build_index(
+            data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
+            Path(args.out) / precision, encoder=EncoderConfig(precision=precision),
+            device=args.device, cache_dir=None)
+        total = time.perf_counter() - start
+        built[precision] = idx
+        print(f"\n== {precision}: {total:.1f} s in all")
+        print(f"{'stage':<16}{'seconds':>10}")
+        for k, v in idx.timings.items():
+            print(f"{k:<16}{v:>10.2f}")
+        embed = sum(v for k, v in idx.timings.items() if k.startswith("embed"))
+        texts = len(idx.passage_keys) + len(idx.phrases) + len(idx.facts)
+        print(f"embedding: {texts} texts in {embed:.1f} s = {texts / embed:.0f} texts/s")
+        s = idx.stats()
+        print("counts: " + ", ".join(f"{k} {s[k]}" for k in
+                                     ("phrase_nodes", "passage_nodes", "facts", "synonym_edges")))
+        line = {
+            "bench": "index", "when": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "commit": commit, "threads": args.threads, "device": args.device,
+            "precision": precision, "seconds_total": round(total, 2), "stages": idx.timings,
+            "texts_embedded": texts, "counts": s, "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(), "load_at_end": os.getloadavg(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        if "float32" in built and precision != "float32":
+            ref = built["float32"]
+            err = max(float((1 - (a * b).sum(1)).max()) for a, b in
+                      ((ref.passage_emb, idx.passage_emb), (ref.phrase_emb, idx.phrase_emb),
+                       (ref.fact_emb, idx.fact_emb)))
+            line["max_cosine_error_vs_float32"] = err
+            line["synonym_edges_float32"] = ref.stats()["synonym_edges"]
+            print(f"vs float32: max cosine error {err:.2e}, synonym edges "
+                  f"{s['synonym_edges']} vs {ref.stats()['synonym_edges']}")
+        with results.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+if __name__ == "__main__":
+    main(ARGS)

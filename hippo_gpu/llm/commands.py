@@ -1,0 +1,175 @@
+"""CLI commands of the LLM layer: `hippo-gpu extract` and `hippo-gpu qa` (see `register`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+_LLM_HELP = "LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2"
+
+
+def _fail(msg: str) -> None:
+    err_console.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def _backend_options(api_key_env: str, concurrency: int | None) -> dict[str, object]:
+    """Options for `make_backend`; the API key is read from the environment here, in the CLI."""
+    import os
+
+    options: dict[str, object] = {}
+    key = os.environ.get(api_key_env)
+    if key:
+        options["api_key"] = key
+    if concurrency is not None:
+        options["concurrency"] = concurrency
+    return options
+
+
+def _options_for(spec: str, options: dict[str, object]) -> dict[str, object]:
+    # Only the OpenAI backend takes an API key and a concurrency; the local server has 1 slot.
+    return options if spec.startswith("openai:") else {}
+
+
+def extract(
+    corpus: Path = typer.Option(..., help="corpus JSON: list of {title, text}"),
+    llm: str = typer.Option(..., help=_LLM_HELP),
+    out: Path = typer.Option(..., help="OpenIE JSON to write (HippoRAG v2 format, atomically)"),
+    cache: Path | None = typer.Option(None, help="SQLite cache (default: OUT.cache.sqlite)"),
+    max_entities: int = typer.Option(32, help="entities per passage (schema cap)"),
+    max_triples: int = typer.Option(48, help="triples per passage (schema cap)"),
+    wave_size: int = typer.Option(64, help="passages per backend batch"),
+    concurrency: int | None = typer.Option(None, help="HTTP requests in flight (openai:)"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", help="env var holding the API key"),
+) -> None:
+    """Run OpenIE over a corpus with an LLM; resumes from the cache, retries failed passages."""
+    from hippo_gpu.data import DataFormatError
+    from hippo_gpu.llm.backends import BackendError, BackendSpecError
+    from hippo_gpu.llm.extract import OpenIEConfig, extract_openie
+
+    try:
+        report = extract_openie(
+            corpus, llm, out, cache_path=cache,
+            config=OpenIEConfig(max_entities=max_entities, max_triples=max_triples),
+            wave_size=wave_size,
+            backend_options=_options_for(llm, _backend_options(api_key_env, concurrency)),
+        )
+    except (DataFormatError, BackendSpecError, BackendError, ValueError, OSError) as e:
+        _fail(str(e))
+        return
+    table = Table(title=f"OpenIE -> {out}")
+    table.add_column("passages", justify="right")
+    table.add_column("extracted", justify="right")
+    table.add_column("cached", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("passages/s", justify="right")
+    table.add_column("tokens/s", justify="right")
+    table.add_column("seconds", justify="right")
+    table.add_row(str(report.passages), str(report.done), str(report.cached), str(report.failed),
+                  f"{report.passages_per_s:.3f}", f"{report.tokens_per_s:.1f}",
+                  f"{report.seconds:.1f}")
+    console.print(table)
+    if report.failures:
+        console.print(f"failures by reason: {dict(report.failures)} (rerun to retry them)")
+    console.print(f"parse: {report.parse.as_dict()}")
+
+
+def qa(
+    data: Path = typer.Option(..., help="folder with corpus.json and questions.json"),
+    llm: str = typer.Option(..., help=_LLM_HELP),
+    index: Path | None = typer.Option(None, help="index directory: loaded if it exists, else "
+                                                 "built there"),
+    openie: Path | None = typer.Option(None, help="OpenIE JSON for building the index "
+                                                  "(default: extract it with --llm)"),
+    top_k: int = typer.Option(5, help="passages fed to the reader"),
+    mode: str = typer.Option("hipporag2", help="retrieval mode"),
+    llm_filter: bool = typer.Option(False, "--filter/--no-filter",
+                                    help="recognition-memory filter with --llm (hipporag2)"),
+    limit: int | None = typer.Option(None, help="first N questions only"),
+    cache: Path | None = typer.Option(None, help="SQLite LLM cache (default: next to the index)"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    concurrency: int | None = typer.Option(None, help="HTTP requests in flight (openai:)"),
+    api_key_env: str = typer.Option("OPENAI_API_KEY", help="env var holding the API key"),
+    out: Path | None = typer.Option(None, help="write predictions and metrics as JSON here"),
+) -> None:
+    """Retrieve, then read with an LLM: EM/F1 (SQuAD normalisation) next to recall."""
+    import hippo_gpu
+    from hippo_gpu.data import DataFormatError, read_corpus, read_questions
+    from hippo_gpu.evaluate import recall_at_k
+    from hippo_gpu.llm.backends import BackendError, BackendSpecError, make_backend
+    from hippo_gpu.llm.cache import LLMCache
+    from hippo_gpu.llm.extract import extract_openie
+    from hippo_gpu.llm.filter import RecognitionMemoryFilter
+    from hippo_gpu.llm.ner import QueryNER
+    from hippo_gpu.llm.qa import QAReader, qa_metrics
+
+    try:
+        passages = read_corpus(data / "corpus.json")
+        questions = read_questions(data / "questions.json")[:limit]
+    except (DataFormatError, OSError) as e:
+        _fail(str(e))
+        return
+    index_dir = index or Path("runs") / f"qa-{data.name}"
+    cache_path = cache or index_dir.with_name(index_dir.name + ".llm-cache.sqlite")
+    try:
+        backend = make_backend(llm, **_options_for(llm, _backend_options(api_key_env,
+                                                                         concurrency)))
+    except (BackendSpecError, BackendError) as e:
+        _fail(str(e))
+        return
+    with backend, LLMCache(cache_path) as llm_cache:
+        t0 = time.perf_counter()
+        if index_dir.exists() and any(index_dir.iterdir()):
+            idx = hippo_gpu.load_index(index_dir, device=device)
+        else:
+            if openie is None:
+                openie = index_dir.with_name(index_dir.name + ".openie.json")
+                report = extract_openie(passages, backend, openie, cache_path=cache_path)
+                console.print(f"OpenIE: {report.done} extracted, {report.cached} cached, "
+                              f"{report.failed} failed ({report.passages_per_s:.3f} passages/s)")
+            idx = hippo_gpu.build_index(passages, openie, index_dir, device=device)
+        t_index = time.perf_counter() - t0
+        texts = [q.question for q in questions]
+        fact_filter = RecognitionMemoryFilter(backend, llm_cache) if llm_filter else None
+        t0 = time.perf_counter()
+        entities = QueryNER(backend, llm_cache)(texts) if mode == "hipporag1" else None
+        hits = idx.retrieve(texts, top_k=max(top_k, 10), mode=mode, fact_filter=fact_filter,
+                            query_entities=entities)
+        t_retrieve = time.perf_counter() - t0
+        contexts = [[idx.passage_texts[idx.passage_row(h.key)] for h in row[:top_k]]
+                    for row in hits]
+        reader = QAReader(backend, llm_cache, top_k=top_k)
+        t0 = time.perf_counter()
+        predictions = reader(texts, contexts)
+        t_read = time.perf_counter() - t0
+    recall = recall_at_k([[h.key for h in row] for row in hits],
+                         [{p.key for p in q.gold} for q in questions], ks=(2, 5, 10))
+    metrics = qa_metrics(predictions, [list(q.answers) for q in questions])
+    table = Table(title=f"QA on {data} ({len(questions)} questions, {mode}, {llm})")
+    for col in ("R@2", "R@5", "R@10", "EM", "F1", "reader failures", "index s", "retrieve s",
+                "read s"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{recall['2']:.2f}", f"{recall['5']:.2f}", f"{recall['10']:.2f}",
+                  f"{100 * metrics['em']:.2f}", f"{100 * metrics['f1']:.2f}",
+                  str(sum(reader.failures.values())), f"{t_index:.1f}", f"{t_retrieve:.1f}",
+                  f"{t_read:.1f}")
+    console.print(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"id": q.id, "question": q.question, "prediction": p, "answers": list(q.answers)}
+                for q, p in zip(questions, predictions)]
+        out.write_text(json.dumps({"recall": recall, "metrics": metrics, "rows": rows}, indent=1))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `extract` and `qa` to the hippo-gpu CLI."""
+    app.command()(extract)
+    app.command()(qa)

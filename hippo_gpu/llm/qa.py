@@ -1,0 +1,138 @@
+"""QA reader (HippoRAG's reading step) and SQuAD-style EM/F1.
+
+The reader sees the top passages as "Wikipedia Title: {title}\\n{text}\\n\\n" blocks, then
+"Question: ...\\nThought: ", and its answer is the text after "Answer:" (as upstream).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json, make_backend
+from hippo_gpu.llm.cache import LLMCache, cache_key, open_cache
+from hippo_gpu.llm.parse import parse_answer
+from hippo_gpu.llm.prompts import QA_READER
+
+
+class QAReader:
+    """Callable `(questions, passages) -> answers`, one wave of LLM calls.
+
+    Args:
+        backend: a `Backend` or a spec string (then this object owns and closes it).
+        cache: an `LLMCache`, a cache path, or None.
+        top_k: passages per question fed to the reader (upstream qa_top_k = 5).
+        max_tokens: generation cap per question.
+
+    A question whose call fails gets "" (scored 0), counted in `failures`.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | str,
+        cache: LLMCache | str | Path | None = None,
+        *,
+        top_k: int = 5,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+    ) -> None:
+        self._owns_backend = not isinstance(backend, Backend)
+        self.backend = make_backend(backend)
+        self.cache = open_cache(cache)
+        self.top_k = top_k
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.failures: Counter[str] = Counter()
+
+    def request(self, question: str, passages: Sequence[str]) -> ChatRequest:
+        """The chat request for one question and its ranked passages (title + "\\n" + text)."""
+        context = "".join(f"Wikipedia Title: {p}\n\n" for p in passages[: self.top_k])
+        return ChatRequest(
+            QA_READER.render(context=context, question=question),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+        )
+
+    def __call__(
+        self, questions: Sequence[str], passages: Sequence[Sequence[str]]
+    ) -> list[str]:
+        if len(questions) != len(passages):
+            raise ValueError(f"{len(questions)} questions but {len(passages)} passage lists")
+        self.failures = Counter()
+        params = {"max_tokens": self.max_tokens, "temperature": self.temperature,
+                  "top_k": self.top_k}
+        keys = [
+            cache_key("qa", QA_READER.key, self.backend.model, params,
+                      canonical_json([q, list(ps[: self.top_k])]))
+            for q, ps in zip(questions, passages)
+        ]
+        answers = [""] * len(questions)
+        todo = []
+        for i, key in enumerate(keys):
+            hit = self.cache.get_ok(key) if self.cache is not None else None
+            if isinstance(hit, str):
+                answers[i] = hit
+            else:
+                todo.append(i)
+
+        def on_result(j: int, c: Completion) -> None:
+            i = todo[j]
+            if not c.ok:
+                self.failures[str(c.error)] += 1
+                return
+            answers[i] = parse_answer(c.text)
+            if self.cache is not None:
+                self.cache.put_ok(keys[i], "qa", answers[i], prompt_tokens=c.prompt_tokens,
+                                  completion_tokens=c.completion_tokens)
+
+        self.backend.generate([self.request(questions[i], passages[i]) for i in todo], on_result)
+        return answers
+
+    def close(self) -> None:
+        if self._owns_backend:
+            self.backend.close()
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1(prediction: str, gold: str) -> float:
+    """Token-level F1 of normalised strings: 2PR / (P + R) over the multiset overlap."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = Counter(pred) & Counter(ref)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred), overlap / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qa_metrics(
+    predictions: Sequence[str], gold_answers: Sequence[Sequence[str]]
+) -> dict[str, float]:
+    """Mean EM and F1 over questions, each the max over the gold answer and its aliases.
+
+    Returns:
+        {"em": ..., "f1": ..., "n": Q} with em and f1 in [0, 1].
+    """
+    if len(predictions) != len(gold_answers):
+        raise ValueError(f"{len(predictions)} predictions but {len(gold_answers)} gold lists")
+    if not predictions:
+        return {"em": 0.0, "f1": 0.0, "n": 0}
+    em = [max((exact_match(p, g) for g in golds), default=0.0)
+          for p, golds in zip(predictions, gold_answers)]
+    f = [max((f1(p, g) for g in golds), default=0.0) for p, golds in zip(predictions, gold_answers)]
+    n = len(predictions)
+    return {"em": sum(em) / n, "f1": sum(f) / n, "n": n}

@@ -1,0 +1,299 @@
+"""Fault tests of the real OpenAI client path against a fault-injecting HTTP server.
+
+The server speaks the chat-completions protocol and answers OpenIE prompts with a deterministic
+extraction; per passage it can instead return garbage, truncated JSON, HTTP 500, hang past the
+client timeout, or die (stop listening). A SIGKILL test kills an extraction subprocess mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai")
+
+from hippo_gpu.llm.extract import extract_openie  # noqa: E402
+from hippo_gpu.llm.openai_backend import OpenAIBackend  # noqa: E402
+
+
+def _title(user: str) -> str:
+    return user.split("Passage:\n", 1)[1].split("\n", 1)[0]
+
+
+def _answer(user: str) -> str:
+    """A deterministic 'extraction': entities = words of the title; one triple."""
+    title = _title(user)
+    if "Named entities:" not in user:
+        return json.dumps({"named_entities": [title, title + " Town"]})
+    return json.dumps({"triples": [[title, "located in", title + " Town"]]})
+
+
+class FaultServer:
+    """OpenAI-compatible server on 127.0.0.1:<ephemeral>.
+
+    faults[title] is a list of actions consumed one per request for that passage: "garbage",
+    "truncated", "500", "hang", "ok". `die_after` stops the server after that many requests.
+    `delay` sleeps before every answer.
+    """
+
+    def __init__(self, *, die_after: int | None = None, delay: float = 0.0) -> None:
+        self.faults: dict[str, list[str]] = {}
+        self.requests: Counter[str] = Counter()  # (title, stage) -> count
+        self.total = 0
+        self.die_after = die_after
+        self.delay = delay
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                user = body["messages"][-1]["content"]
+                title = _title(user)
+                stage = "ner" if "Named entities:" not in user else "triples"
+                with outer.lock:
+                    outer.total += 1
+                    dead = outer.die_after is not None and outer.total > outer.die_after
+                    if not dead:
+                        outer.requests[(title, stage)] += 1
+                    queue = outer.faults.get(title, [])
+                    action = queue.pop(0) if queue else "ok"
+                if dead:
+                    threading.Thread(target=outer.die, daemon=True).start()
+                    self.close_connection = True
+                    return  # no response: the client sees the connection drop
+                if outer.delay:
+                    time.sleep(outer.delay)
+                if action == "hang":
+                    time.sleep(3.0)
+                if action == "500":
+                    self._send(500, {"error": {"message": "boom", "type": "server_error"}})
+                    return
+                content = {"garbage": "<html>502 Bad Gateway</html> no json",
+                           "truncated": '{"named_entities": ["Tru'}.get(action, _answer(user))
+                self._send(200, {
+                    "id": "x", "object": "chat.completion", "created": 0, "model": "fake",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
+                })
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out and left
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def die(self) -> None:
+        """Stop serving and close the listening socket: new connections are refused."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def close(self) -> None:
+        self.die()
+
+
+@pytest.fixture
+def server():
+    s = FaultServer()
+    yield s
+    s.close()
+
+
+def corpus(n: int) -> list[dict[str, str]]:
+    return [{"title": f"P{i:03d}", "text": f"Passage number {i}."} for i in range(n)]
+
+
+def backend(url: str, **kw: Any) -> OpenAIBackend:
+    kw = {"timeout": 1.0, "max_retries": 2, "backoff": 0.01, "max_backoff": 0.05, "seed": 0,
+          "concurrency": 4, **kw}
+    return OpenAIBackend("fake", url, **kw)
+
+
+def test_retries_recover_from_500_and_timeouts(server: FaultServer, tmp_path: Path) -> None:
+    server.faults = {"P000": ["500", "500"], "P001": ["hang"], "P002": ["ok", "500"]}
+    report = extract_openie(corpus(4), backend(server.url), tmp_path / "o.json",
+                            show_progress=False)
+    assert report.failed == 0 and report.done == 4
+    assert server.requests[("P000", "ner")] == 3  # two 500s, then success
+    assert server.requests[("P001", "ner")] == 2  # one timeout, then success
+    assert server.requests[("P002", "triples")] == 2
+    docs = json.loads((tmp_path / "o.json").read_text())["docs"]
+    assert docs[0]["extracted_triples"] == [["P000", "located in", "P000 Town"]]
+
+
+def test_persistent_faults_recorded_then_retried(server: FaultServer, tmp_path: Path) -> None:
+    server.faults = {"P001": ["garbage"], "P002": ["500"] * 3, "P003": ["truncated"],
+                     "P004": ["ok", "hang", "hang", "hang"]}
+    out, cache = tmp_path / "o.json", tmp_path / "c.sqlite"
+    report = extract_openie(corpus(6), backend(server.url), out, cache_path=cache,
+                            show_progress=False)
+    docs = {d["passage"].split("\n")[0]: d for d in json.loads(out.read_text())["docs"]}
+    assert len(docs) == 6
+    assert docs["P001"]["error"] == "ner:no_json"
+    assert docs["P002"]["error"] == "ner:http_500"
+    assert docs["P004"]["error"] == "triples:timeout"
+    assert docs["P003"]["extracted_entities"] == []  # truncated reply repaired, not failed
+    for title in ("P001", "P002", "P004"):
+        assert docs[title]["extracted_entities"] == [] and docs[title]["extracted_triples"] == []
+    assert report.failed == 3 and report.done == 3
+    assert report.failures == {"ner:no_json": 1, "ner:http_500": 1, "triples:timeout": 1}
+    assert report.parse.repairs["truncated"] == 1
+    db = sqlite3.connect(cache)
+    failed = dict(db.execute("SELECT error, COUNT(*) FROM results WHERE status = 'failed' "
+                             "GROUP BY error").fetchall())
+    assert failed == {"ner:no_json": 1, "ner:http_500": 1, "triples:timeout": 1}
+    db.close()
+
+    # Healthy server: the rerun sends only the failed passages (P004 keeps its cached NER).
+    server.requests.clear()
+    report2 = extract_openie(corpus(6), backend(server.url), out, cache_path=cache,
+                             show_progress=False)
+    assert report2.failed == 0 and report2.cached == 3 and report2.done == 3
+    assert server.requests == Counter({("P001", "ner"): 1, ("P001", "triples"): 1,
+                                       ("P002", "ner"): 1, ("P002", "triples"): 1,
+                                       ("P004", "triples"): 1})
+    assert not any("error" in d for d in json.loads(out.read_text())["docs"])
+
+
+def test_server_killed_mid_run_rerun_redoes_only_unfinished(tmp_path: Path) -> None:
+    dying = FaultServer(die_after=9)
+    out, cache = tmp_path / "o.json", tmp_path / "c.sqlite"
+    try:
+        report = extract_openie(corpus(10), backend(dying.url, concurrency=1, max_retries=1),
+                                out, cache_path=cache, wave_size=2, show_progress=False)
+    finally:
+        dying.thread.join(timeout=10)
+    # 9 requests served: 4 passages complete + 1 NER; every other passage failed with a reason.
+    assert report.done == 4 and report.failed == 6
+    assert set(report.failures) <= {f"{stage}:{why}" for stage in ("ner", "triples")
+                                    for why in ("connection", "timeout")}
+    docs = json.loads(out.read_text())["docs"]
+    assert sum("error" in d for d in docs) == 6
+
+    fresh = FaultServer()
+    try:
+        report2 = extract_openie(corpus(10), backend(fresh.url), out, cache_path=cache,
+                                 show_progress=False)
+    finally:
+        fresh.close()
+    assert report2.cached == 4 and report2.done == 6 and report2.failed == 0
+    done_titles = {f"P{i:03d}" for i in range(4)}
+    assert not any(t in done_titles for t, _ in fresh.requests)
+    assert sum(n for (_, stage), n in fresh.requests.items() if stage == "triples") == 6
+    assert sum(n for (_, stage), n in fresh.requests.items() if stage == "ner") == 5
+
+
+_CHILD = """
+import sys
+from hippo_gpu.llm.extract import extract_openie
+from hippo_gpu.llm.openai_backend import OpenAIBackend
+corpus = [{"title": f"P{i:03d}", "text": f"Passage number {i}."} for i in range(int(sys.argv[3]))]
+extract_openie(corpus, OpenAIBackend("fake", sys.argv[1], concurrency=2, timeout=5),
+               sys.argv[2] + "/o.json", cache_path=sys.argv[2] + "/c.sqlite", wave_size=4,
+               show_progress=False)
+"""
+
+
+def _ok_count(cache: Path) -> int:
+    if not cache.exists():
+        return 0
+    db = sqlite3.connect(cache, timeout=5)
+    try:
+        return db.execute("SELECT COUNT(*) FROM results WHERE task = 'openie' AND status = 'ok'"
+                          ).fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        db.close()
+
+
+def test_sigkill_mid_run_leaves_loadable_cache(tmp_path: Path) -> None:
+    slow = FaultServer(delay=0.05)
+    n = 40
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, slow.url, str(tmp_path), str(n)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cache = tmp_path / "c.sqlite"
+    try:
+        deadline = time.time() + 60
+        while _ok_count(cache) < 6 and time.time() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        slow.close()
+    assert child.returncode == -signal.SIGKILL
+    assert not (tmp_path / "o.json").exists()  # output is only ever written whole
+    db = sqlite3.connect(cache)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+    finished = _ok_count(cache)
+    assert 6 <= finished < n
+
+    fresh = FaultServer()
+    try:
+        report = extract_openie(corpus(n), backend(fresh.url), tmp_path / "o.json",
+                                cache_path=cache, show_progress=False)
+    finally:
+        fresh.close()
+    assert report.cached == finished and report.done == n - finished and report.failed == 0
+    assert sum(v for (_, s), v in fresh.requests.items() if s == "triples") == n - finished
+    docs = json.loads((tmp_path / "o.json").read_text())["docs"]
+    assert len(docs) == n and not any("error" in d for d in docs)
+
+
+def test_schema_mode_downgrades_when_server_rejects_response_format(tmp_path: Path) -> None:
+    s = FaultServer()
+    handler = s.httpd.RequestHandlerClass
+    original = handler.do_POST
+
+    def do_post(self: Any) -> None:
+        length = int(self.headers["Content-Length"])
+        raw = self.rfile.read(length)
+        if "response_format" in json.loads(raw) and "json_schema" in raw.decode():
+            self._send(400, {"error": {"message": "response_format json_schema unsupported",
+                                       "type": "invalid_request_error"}})
+            return
+        self.rfile = __import__("io").BytesIO(raw)
+        original(self)
+
+    handler.do_POST = do_post
+    try:
+        b = backend(s.url, concurrency=1)
+        report = extract_openie(corpus(2), b, tmp_path / "o.json", show_progress=False)
+    finally:
+        s.close()
+    assert report.failed == 0 and b.schema_mode == "json_object"
