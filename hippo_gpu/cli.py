@@ -6,8 +6,8 @@ import hashlib
 import json
 import logging
 import os
-import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -40,7 +40,7 @@ def _cache_root() -> Path:
     return Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(2)
 
@@ -89,9 +89,10 @@ def index(
         console.print(f"extracting OpenIE with {llm} -> {openie}")
         report = extract_openie(corpus, llm, openie, cache_path=_cache_root() / "llm_cache.sqlite")
         console.print(str(report))
+    openie_path: Path = openie  # type: ignore[assignment]  # set by one branch above
     try:
         idx = build_index(
-            corpus, openie, out,
+            corpus, openie_path, out,
             encoder=EncoderConfig(model=encoder, precision=precision),
             device=device, graph=GraphConfig(knn_backend=knn_backend),
             cache_dir=cache_dir or _cache_root() / "embeddings",
@@ -99,7 +100,6 @@ def index(
         )
     except (DataFormatError, ValueError) as e:
         _fail(str(e))
-        return
     console.print(_timing_table(idx.timings, f"index built in {out} ({n} threads)"))
     console.print_json(json.dumps(idx.stats()))
 
@@ -115,7 +115,6 @@ def stats(path: Path = typer.Argument(..., help="index directory"),
         s = load_index(path, device="cpu").stats()
     except IndexFormatError as e:
         _fail(str(e))
-        return
     if as_json:
         print(json.dumps(s))
         return
@@ -275,6 +274,7 @@ def demo(
     from hippo_gpu.data import read_questions
     from hippo_gpu.index import build_index
     from hippo_gpu.sample import paths
+    from hippo_gpu.search import Hit
 
     n = _setup(threads)
     files = paths()
@@ -287,7 +287,7 @@ def demo(
         questions = read_questions(files["questions"])
         texts = [q.question for q in questions]
         for mode in ("dense", "hipporag2"):
-            hits = idx.retrieve(texts, top_k=top_k, mode=mode)
+            hits: list[list[Hit]] = idx.retrieve(texts, top_k=top_k, mode=mode)
             found = 0
             console.rule(f"mode {mode}")
             for q, row in zip(questions, hits):
@@ -321,4 +321,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

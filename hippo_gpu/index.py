@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -75,7 +75,7 @@ class Index:
     path: Path | None = None
     _encoder: Encoder | None = field(default=None, repr=False)
     _row_of_key: dict[str, int] | None = field(default=None, repr=False)
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # per-device solvers
 
     @property
     def device(self) -> torch.device:
@@ -129,6 +129,18 @@ class Index:
                     f"encoder {self.config.encoder.model!r} gives dim {self._encoder.dim}, "
                     f"the index holds dim {self.passage_emb.shape[1]}")
         return self._encoder
+
+    @overload
+    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
+                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
+                 query_entities: Sequence[Sequence[str]] | None = ...,
+                 return_seeds: Literal[False] = ...) -> list[list[Hit]]: ...
+
+    @overload
+    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
+                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
+                 query_entities: Sequence[Sequence[str]] | None = ...,
+                 return_seeds: Literal[True]) -> tuple[list[list[Hit]], list[list[Triple]]]: ...
 
     def retrieve(
         self,

@@ -519,6 +519,8 @@ class PPRSolver:
         r_hat = _normalised_seeds(seeds, self.num_nodes)
         if self._perm is not None:
             r_hat = r_hat.index_select(0, self._perm)
+        if self.transition is None:  # only the closed form drops it
+            raise RuntimeError("PPRSolver has no transition for the iterate method")
         result = ppr_iterate(
             self.transition,
             r_hat,

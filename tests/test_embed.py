@@ -36,7 +36,8 @@ def test_cache_means_no_text_is_embedded_twice(encoder, tmp_path):
     CountingEncoder.seen = 0
     first = encoder.encode(["cache me", "and me"])
     assert CountingEncoder.seen == 2
-    again = CountingEncoder(EncoderConfig(), torch.device("cpu"), cache_dir=encoder.cache.dir.parent)
+    again = CountingEncoder(EncoderConfig(), torch.device("cpu"),
+                            cache_dir=encoder.cache.dir.parent)
     CountingEncoder.seen = 0
     second = again.encode(["and me", "cache me", "new one"])
     assert CountingEncoder.seen == 1  # only the new text
