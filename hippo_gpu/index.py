@@ -29,7 +29,14 @@ from hippo_gpu.graph import (
     phrase_passage_counts,
 )
 from hippo_gpu.store import IndexFormatError, read_index_dir, write_index_dir
-from hippo_gpu.synonyms import knn, resolve_knn_backend, select_synonym_edges, synonym_candidates_k
+from hippo_gpu.synonyms import (
+    APPROXIMATE_BACKENDS,
+    knn,
+    knn_recall,
+    resolve_knn_backend,
+    select_synonym_edges,
+    synonym_candidates_k,
+)
 
 if TYPE_CHECKING:
     from hippo_gpu.search import FactFilter, Hit
@@ -263,6 +270,11 @@ def build_index(
     k = synonym_candidates_k(config.graph, len(elements.phrases))
     scores, ids = knn(phrase_emb.to(dev) if backend == "torch" else phrase_emb, k, backend=backend)
     lap("synonym_knn")
+    knn_info: dict[str, Any] = {"backend": backend, "k": k}
+    if backend in APPROXIMATE_BACKENDS:
+        knn_info["recall_vs_exact"] = round(knn_recall(phrase_emb, ids), 4)
+        log.warning("approximate synonym kNN (%s): recall@%d vs exact = %.4f on a sample",
+                    backend, k, knn_info["recall_vs_exact"])
     synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
     graph_out = build_graph(elements, synonyms, config.graph)
     lap("adjacency")
@@ -288,7 +300,7 @@ def build_index(
         phrase_emb=phrase_emb,
         fact_emb=fact_emb,
         counts=counts,
-        report=report.as_dict(),
+        report={**report.as_dict(), "synonym_knn": knn_info},
         timings=timings,
         _encoder=enc,  # the query encoder is the build encoder: no second load
     )

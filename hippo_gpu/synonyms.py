@@ -128,6 +128,27 @@ def _knn_torch(x: torch.Tensor, k: int, query_batch: int) -> tuple[torch.Tensor,
     return scores.cpu(), ids.cpu()
 
 
+APPROXIMATE_BACKENDS = ("faiss-hnsw", "faiss-ivf")
+
+
+def knn_recall(vectors: torch.Tensor, ids: torch.Tensor, *, sample: int = 1000,
+               seed: int = 0) -> float:
+    """Recall of approximate kNN `ids` [M, k] against exact search, on up to `sample` rows.
+
+    recall = mean over sampled rows of |approx ∩ exact| / k, exact = top-k of x_i X^T.
+    """
+    m, k = ids.shape
+    if m == 0 or k == 0:
+        return 1.0
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(m, generator=g)[: min(sample, m)]
+    x = vectors.float().cpu()
+    exact = torch.topk(x[rows] @ x.T, k, dim=1).indices  # [S, k]
+    approx = ids[rows]
+    hits = (approx.unsqueeze(2) == exact.unsqueeze(1)).any(dim=2).sum(dim=1)  # [S]
+    return float(hits.double().mean() / k)
+
+
 @dataclass(frozen=True)
 class SynonymEdges:
     """Directed synonym assignments stats[(src, dst)] = score, as upstream stores them."""

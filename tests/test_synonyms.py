@@ -57,3 +57,13 @@ def test_torch_backend_on_cuda_matches_cpu(vectors):
     s_cpu, i_cpu = knn(vectors, 8, backend="faiss-flat")
     s_gpu, _ = knn(vectors.cuda(), 8, backend="torch")
     np.testing.assert_allclose(s_gpu.numpy(), s_cpu.numpy(), atol=1e-4)
+
+
+def test_knn_recall_reports_approximate_quality(vectors):
+    from hippo_gpu.synonyms import knn_recall
+
+    _, exact = knn(vectors, 10, backend="faiss-flat")
+    assert knn_recall(vectors, exact, sample=200) == pytest.approx(1.0)
+    shuffled = exact.clone()
+    shuffled[:, 5:] = (shuffled[:, 5:] + 500) % 1000  # half of each row replaced: wrong ids
+    assert knn_recall(vectors, shuffled, sample=1000) == pytest.approx(0.5, abs=0.02)
