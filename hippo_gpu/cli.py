@@ -170,6 +170,8 @@ def eval_cmd(
     encoder: str = typer.Option(EncoderConfig.model, help="encoder name or path"),
     index_dir: Path | None = typer.Option(None, help="index to reuse/build (default: cache)"),
     dtype: str = typer.Option("float32", help="PPR dtype: float32 | float64"),
+    query_precision: str | None = typer.Option(
+        None, help="query encoder precision (default: the index's; bfloat16 is ~3x faster)"),
     query_ner: Path | None = typer.Option(
         None, help="hipporag1: HippoRAG *_queries.named_entity_output.tsv"),
     llm: str | None = typer.Option(
@@ -193,6 +195,8 @@ def eval_cmd(
     openie = openie or _find_openie(data)
     questions = read_questions(data / "questions.json")[:questions_limit]
     idx, where, built = _build_or_load(data / "corpus.json", openie, index_dir, encoder, device)
+    if query_precision is not None:
+        idx = idx.with_query_encoder(precision=query_precision)
     console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
                   f"device {idx.device}, {n} threads")
     cfg = RetrievalConfig(dtype=dtype)

@@ -124,9 +124,9 @@ class Encoder:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    def _encode_raw(self, texts: Sequence[str]) -> np.ndarray:
+    def _encode_raw(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         with torch.inference_mode(), self._autocast():
-            out = self.model.encode(list(texts), batch_size=self.config.batch_size,
+            out = self.model.encode(list(texts), batch_size=batch_size or self.config.batch_size,
                                     convert_to_tensor=True, show_progress_bar=False)
         out = torch.nn.functional.normalize(out.float(), dim=-1)
         return out.cpu().numpy()
@@ -178,7 +178,7 @@ class Encoder:
             queries = [prefix + q for q in queries]
         if len(queries) == 0:
             return torch.zeros((0, self.dim))
-        return torch.from_numpy(self._encode_raw(queries))
+        return torch.from_numpy(self._encode_raw(queries, self.config.query_batch_size))
 
 
 def embeddings_dtype(device: torch.device) -> torch.dtype:

@@ -127,6 +127,18 @@ class Index:
         )
         return moved
 
+    def with_query_encoder(self, *, precision: str | None = None,
+                           batch_size: int | None = None) -> Index:
+        """The same index with its query encoder run at another precision or batch size.
+
+        The index vectors are untouched; e.g. precision="bfloat16" encodes queries about 3x
+        faster on AMX CPUs at a cosine error of ~1e-3 (rankings may change near ties).
+        """
+        enc = replace(self.config.encoder,
+                      precision=precision or self.config.encoder.precision,
+                      query_batch_size=batch_size or self.config.encoder.query_batch_size)
+        return replace(self, config=replace(self.config, encoder=enc), _encoder=None)
+
     def encoder(self, cache_dir: str | Path | None = None) -> Encoder:
         """The query encoder (the index's own model), loaded on first use."""
         if self._encoder is None:
