@@ -97,6 +97,8 @@ class ServerProcess:
         ]  # fmt: skip
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if args.query_precision is not None:
+            cmd += ["--query-precision", args.query_precision]
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         env.pop("HIPPO_GPU_TOKEN", None)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -236,6 +238,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads in the server")
+    p.add_argument("--query-precision", default=None, help="server query encoder precision")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()

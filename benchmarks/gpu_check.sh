@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CUDA check for issue 3 (batched PPR), one run of < 8 minutes on a CUDA machine without network.
+# CUDA check for issue 3 (batched PPR), one run of < 8 minutes on a CUDA machine without network
+# (step limits add up to 7.8 minutes: 40 s wheels (optional) + 30 + 120 + 200 + 80 s).
 #
 #   OUT=/path/to/results bash benchmarks/gpu_check.sh     (OUT defaults to ./gpu_out)
 #
@@ -36,7 +37,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log, 
 }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-    step wheels 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    step wheels 40 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/hippo_site .whl/*.whl
     export PYTHONPATH="/tmp/hippo_site:$PYTHONPATH"
 fi
@@ -46,10 +47,10 @@ import torch, numpy, scipy; print(torch.__version__, torch.version.cuda, numpy._
 scipy.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))"'
 
 if python3 -c "import pytest" 2>/dev/null; then
-    step tests 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_ppr.py \
+    step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_ppr.py \
         tests/test_synthetic.py -k "cuda or synthetic"
 else
-    step tests 240 python3 - <<'PY'
+    step tests 120 python3 - <<'PY'
 import numpy as np, torch
 from hippo_gpu.ppr import PPRSolver, personalized_pagerank
 from tests.reference import dense_adjacency, dense_ppr, edges_to_csr, random_graph, random_reset
@@ -72,12 +73,12 @@ print("CUDA parity OK")
 PY
 fi
 
-step bench_1m 300 python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 \
+step bench_1m 200 python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 \
     --queries 128 --threads "$THREADS" --device cuda --methods auto \
     --prpack-queries 0 --scipy-queries 0 --bandwidth --repeats 5 --max-seconds 10 \
     --results "$OUT/bench_ppr.jsonl"
 
-step bench_100k 150 python3 benchmarks/bench_ppr.py --graph synthetic --passages 100000 \
+step bench_100k 80 python3 benchmarks/bench_ppr.py --graph synthetic --passages 100000 \
     --queries 128 --threads "$THREADS" --device cpu,cuda --methods auto,rcm \
     --prpack-queries 4 --scipy-queries 0 --bandwidth --repeats 3 --max-seconds 5 \
     --results "$OUT/bench_ppr.jsonl"

@@ -111,6 +111,9 @@ class RetrievalConfig:
     damping: probability of following an edge in PPR.
     dtype: "float32" (fast) or "float64" (parity with igraph prpack to ~1e-10).
     ppr_tol: L1 error bound per query column (None: the solver's default for the dtype).
+    ppr_method: "auto" (closed form on CUDA when it fits, else iteration), "iterate" or
+        "closed_form" (precomputes the passage rows of the PPR operator once per index: seconds
+        on a CPU for ~2k passages, then one GEMM per batch; see hippo_gpu.ppr.PPRSolver).
     hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
         and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
         added; the PPR ranking and the dense ranking are then fused by weighted reciprocal rank,
@@ -124,6 +127,7 @@ class RetrievalConfig:
     damping: float = 0.5
     dtype: str = "float32"
     ppr_tol: float | None = None
+    ppr_method: str = "auto"
     hybrid_linking_top_k: int = 5
     hybrid_passage_node_weight: float = 0.05
     hybrid_temperature: float = 50.0
@@ -137,6 +141,9 @@ class RetrievalConfig:
             raise ValueError("passage node weights must be >= 0")
         if not 0.0 <= self.damping < 1.0:
             raise ValueError(f"damping must be in [0, 1), got {self.damping}")
+        if self.ppr_method not in ("auto", "iterate", "closed_form"):
+            raise ValueError(f"ppr_method must be auto, iterate or closed_form, "
+                             f"got {self.ppr_method!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if self.hybrid_temperature <= 0 or self.hybrid_rrf_k < 0:

@@ -150,16 +150,18 @@ def _solver(index: Index, cfg: RetrievalConfig, *, phrase_graph: bool = False):
     from hippo_gpu.ppr import PPRSolver
 
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol)
+    key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method)
     solver = index._cache.get(key)
     if solver is None:
         if phrase_graph:
             m = len(index.phrases)
             adj = _leading_block(index.adjacency, m)
-            solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol)
+            solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
+                               method="iterate")
         else:
             solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
-                               target_nodes=index.passage_nodes, tol=cfg.ppr_tol)
+                               target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
+                               method=cfg.ppr_method)
         index._cache[key] = solver
     return solver
 

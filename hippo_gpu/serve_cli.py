@@ -43,6 +43,9 @@ def serve(
         DEFAULT_TOKEN_ENV, help="env var holding the bearer token; unset or empty: no auth"
     ),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's)"),
+    query_precision: str | None = typer.Option(
+        None, help="query encoder precision (default: the index's; bfloat16 ~3x faster on CPU)"
+    ),
     warmup: bool = typer.Option(True, help="run one query per mode before accepting requests"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
@@ -72,6 +75,8 @@ def serve(
     set_threads(threads)
     typer.echo(f"loading index from {index} on {device} ...", err=True)
     loaded = load_index(index, device=device)
+    if query_precision is not None:
+        loaded = loaded.with_query_encoder(precision=query_precision)
     if warmup:
         # Load the query encoder and build lazy caches now, so /readyz means ready and the first
         # client does not pay for it.

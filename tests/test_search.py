@@ -137,3 +137,12 @@ def test_minmax_and_stable_topk():
     torch.testing.assert_close(minmax_rows(x), torch.tensor([[1.0, 0.0, 0.5], [1.0, 1.0, 1.0]]))
     vals, idx = topk_stable(torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0]]), 3)
     assert idx.tolist() == [[1, 2, 4]] and vals.tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_closed_form_ppr_gives_the_iterative_ranking(sample_index):
+    it = rank(sample_index, QUERIES, top_k=30,
+              config=RetrievalConfig(dtype="float64", ppr_method="iterate", ppr_tol=1e-12))
+    cf = rank(sample_index, QUERIES, top_k=30,
+              config=RetrievalConfig(dtype="float64", ppr_method="closed_form"))
+    assert cf.passage_rows.tolist() == it.passage_rows.tolist()
+    torch.testing.assert_close(cf.scores, it.scores, atol=1e-10, rtol=0)
