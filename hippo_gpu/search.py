@@ -146,6 +146,31 @@ def _phrase_seeds(
     return uq[sel], up[sel], weight[sel]
 
 
+def reset_vectors(index: Index, cand_rows: Tensor, cand_scores: Tensor, kept: Tensor,
+                  cos: Tensor, cfg: RetrievalConfig, *, hybrid: bool = False,
+                  dtype: torch.dtype = torch.float32) -> Tensor:
+    """The [N, Q] PPR reset vectors: phrase seeds from the kept facts plus a passage part.
+
+    hipporag2 (upstream §3.3.6): r = w_phrase + passage_node_weight * minmax(cos) at passages.
+    hybrid: r = w_phrase / 1ᵀw_phrase + hybrid_passage_node_weight * softmax(T * cos).
+
+    Args:
+        cand_rows, cand_scores, kept: [Q, L] candidate facts, min-max scores, kept mask.
+        cos: [Q, P] query-passage cosine.
+    """
+    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
+    sq, sp, sw = _phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
+    seeds = torch.zeros((index.num_nodes, cand_rows.shape[0]), dtype=dtype, device=cos.device)
+    seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
+    if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine
+        seeds /= seeds.sum(dim=0, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        prior = torch.softmax(cfg.hybrid_temperature * cos.to(dtype), dim=1)
+        seeds[index.passage_nodes] += (cfg.hybrid_passage_node_weight * prior).T
+    else:
+        seeds[index.passage_nodes] += (cfg.passage_node_weight * minmax_rows(cos.to(dtype))).T
+    return seeds
+
+
 def _solver(index: Index, cfg: RetrievalConfig, *, phrase_graph: bool = False):
     from hippo_gpu.ppr import PPRSolver
 
@@ -295,7 +320,6 @@ def rank(
 
     hybrid = mode == "hybrid"
     link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-    pass_w = cfg.hybrid_passage_node_weight if hybrid else cfg.passage_node_weight
     f = len(index.facts)
     if f == 0:  # no facts at all: upstream answers with the dense ranking
         scores, rows = topk_stable(dense, top_k)
@@ -313,16 +337,8 @@ def rank(
     fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
 
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    sq, sp, sw = _phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
-    n = index.num_nodes
-    seeds = torch.zeros((n, q), dtype=dtype, device=dev)  # [N, Q]
-    seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
-    if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine
-        seeds /= seeds.sum(dim=0, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-        prior = torch.softmax(cfg.hybrid_temperature * cos.to(dtype), dim=1)
-        seeds[index.passage_nodes] += (pass_w * prior).T
-    else:
-        seeds[index.passage_nodes] += (pass_w * dense.to(dtype)).T
+    seeds = reset_vectors(index, cand_rows, cand_scores, kept, cos, cfg, hybrid=hybrid,
+                          dtype=dtype)  # [N, Q]
     seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
     clock.lap("seeds")
 
@@ -435,13 +451,8 @@ def hipporag2_reset_vectors(index: Index, queries: Sequence[str],
     enc = index.encoder()
     e = enc.encode_queries(queries, "query_to_passage").to(dev)
     e_fact = enc.encode_queries(queries, "query_to_fact").to(dev)
-    dense = minmax_rows(e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
+    cos = (e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
     fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
     cs, cr = topk_stable(fs, cfg.linking_top_k)
     kept = torch.ones_like(cr, dtype=torch.bool)
-    sq, sp, sw = _phrase_seeds(index, cr, cs, kept, cfg.linking_top_k)
-    seeds = torch.zeros((index.num_nodes, len(queries)), dtype=torch.float64, device=dev)
-    seeds.index_put_((sp, sq), sw, accumulate=True)
-    seeds[index.passage_nodes] += (cfg.passage_node_weight * dense).T
-    return seeds
-
+    return reset_vectors(index, cr, cs, kept, cos, cfg, dtype=torch.float64)
