@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json, make_backend
-from hippo_gpu.llm.cache import LLMCache, cache_key, open_cache
+from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json
+from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, match_facts, parse_triples
 from hippo_gpu.llm.prompts import RECOGNITION_FILTER, triple_schema
+from hippo_gpu.llm.step import LLMStep
 
 Fact = tuple[str, str, str]
 
@@ -49,7 +50,7 @@ class FilterOutcome:
     parse: ParseStats = field(default_factory=ParseStats)
 
 
-class RecognitionMemoryFilter:
+class RecognitionMemoryFilter(LLMStep):
     """Callable `(queries, candidates) -> FilterOutcome`.
 
     Args:
@@ -72,9 +73,7 @@ class RecognitionMemoryFilter:
         use_schema: bool = True,
         cutoff: float = 0.0,
     ) -> None:
-        self._owns_backend = not isinstance(backend, Backend)
-        self.backend = make_backend(backend)
-        self.cache = open_cache(cache)
+        super().__init__(backend, cache)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.use_schema = use_schema
@@ -151,6 +150,3 @@ class RecognitionMemoryFilter:
                             if not k and candidates[q] and q not in set(outcome.failed))
         return outcome
 
-    def close(self) -> None:
-        if self._owns_backend:
-            self.backend.close()

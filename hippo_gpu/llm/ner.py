@@ -8,17 +8,18 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, make_backend
-from hippo_gpu.llm.cache import LLMCache, cache_key, open_cache
+from hippo_gpu.llm.backends import Backend, ChatRequest, Completion
+from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities
 from hippo_gpu.llm.prompts import QUERY_NER, entity_schema
+from hippo_gpu.llm.step import LLMStep
 
 
 class NERFileError(ValueError):
     """A query NER TSV lacks its columns or holds a malformed row."""
 
 
-class QueryNER:
+class QueryNER(LLMStep):
     """Callable `(queries) -> list[list[str]]`: the named entities of each query.
 
     A query whose call or parse fails gets [] (HippoRAG 1 then scores passages uniformly); the
@@ -40,9 +41,7 @@ class QueryNER:
         max_tokens: int = 256,
         temperature: float = 0.0,
     ) -> None:
-        self._owns_backend = not isinstance(backend, Backend)
-        self.backend = make_backend(backend)
-        self.cache = open_cache(cache)
+        super().__init__(backend, cache)
         self.max_entities = max_entities
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -92,9 +91,6 @@ class QueryNER:
         self.backend.generate(requests, on_result)
         return out
 
-    def close(self) -> None:
-        if self._owns_backend:
-            self.backend.close()
 
 
 def read_query_ner_tsv(path: str | Path, stats: ParseStats | None = None) -> dict[str, list[str]]:

@@ -12,13 +12,14 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json, make_backend
-from hippo_gpu.llm.cache import LLMCache, cache_key, open_cache
+from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json
+from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import parse_answer
 from hippo_gpu.llm.prompts import QA_READER
+from hippo_gpu.llm.step import LLMStep
 
 
-class QAReader:
+class QAReader(LLMStep):
     """Callable `(questions, passages) -> answers`, one wave of LLM calls.
 
     Args:
@@ -39,9 +40,7 @@ class QAReader:
         max_tokens: int = 512,
         temperature: float = 0.0,
     ) -> None:
-        self._owns_backend = not isinstance(backend, Backend)
-        self.backend = make_backend(backend)
-        self.cache = open_cache(cache)
+        super().__init__(backend, cache)
         self.top_k = top_k
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -91,9 +90,6 @@ class QAReader:
         self.backend.generate([self.request(questions[i], passages[i]) for i in todo], on_result)
         return answers
 
-    def close(self) -> None:
-        if self._owns_backend:
-            self.backend.close()
 
 
 def normalize_answer(text: str) -> str:
