@@ -143,10 +143,13 @@ def knn_recall(vectors: torch.Tensor, ids: torch.Tensor, *, sample: int = 1000,
     g = torch.Generator().manual_seed(seed)
     rows = torch.randperm(m, generator=g)[: min(sample, m)]
     x = vectors.float().cpu()
-    exact = torch.topk(x[rows] @ x.T, k, dim=1).indices  # [S, k]
-    approx = ids[rows]
-    hits = (approx.unsqueeze(2) == exact.unsqueeze(1)).any(dim=2).sum(dim=1)  # [S]
-    return float(hits.double().mean() / k)
+    hits = torch.zeros(rows.numel(), dtype=torch.float64)
+    for start in range(0, rows.numel(), 64):  # [64, M] similarities at a time
+        part = rows[start:start + 64]
+        exact = torch.topk(x[part] @ x.T, k, dim=1).indices  # [B, k]
+        found = (ids[part].unsqueeze(2) == exact.unsqueeze(1)).any(dim=2)  # [B, k]
+        hits[start:start + 64] = found.sum(dim=1).double()
+    return float(hits.mean() / k)
 
 
 @dataclass(frozen=True)
