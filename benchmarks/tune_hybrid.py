@@ -24,10 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {
     "hybrid_linking_top_k": [5, 10],
-    "hybrid_passage_node_weight": [0.05, 0.2, 0.5],
+    "hybrid_passage_node_weight": [0.05, 0.2],
     "hybrid_temperature": [20.0, 50.0],
     "hybrid_weight": [0.5, 0.7],
-    "hybrid_rrf_k": [5.0, 20.0, 60.0],
+    "hybrid_rrf_k": [20.0, 60.0],
+    "hybrid_entity_weight": [0.0, 0.2, 0.3, 0.4],
 }
 
 

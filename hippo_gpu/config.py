@@ -116,10 +116,10 @@ class RetrievalConfig:
         on a CPU for ~2k passages, then one GEMM per batch; see hippo_gpu.ppr.PPRSolver).
     hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
         and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
-        added; the PPR ranking and the dense ranking are then fused by weighted reciprocal rank,
-        score = w / (k + rank_ppr) + (1 - w) / (k + rank_dense) with w = hybrid_weight and
-        k = hybrid_rrf_k (ranks from 0). Defaults tuned on the even-numbered half of
-        musique_train's questions (benchmarks/tune_hybrid.py).
+        added; the PPR ranking, the dense ranking and (with hybrid_entity_weight > 0) a
+        HippoRAG 1 entity ranking are fused by weighted reciprocal rank (see
+        hippo_gpu.search._hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
+        even-numbered half of musique_train's questions (benchmarks/tune_hybrid.py).
     """
 
     linking_top_k: int = 5
@@ -129,10 +129,11 @@ class RetrievalConfig:
     ppr_tol: float | None = None
     ppr_method: str = "auto"
     hybrid_linking_top_k: int = 5
-    hybrid_passage_node_weight: float = 0.05
+    hybrid_passage_node_weight: float = 0.2
     hybrid_temperature: float = 50.0
-    hybrid_weight: float = 0.7
-    hybrid_rrf_k: float = 60.0
+    hybrid_weight: float = 0.5
+    hybrid_rrf_k: float = 20.0
+    hybrid_entity_weight: float = 0.2
 
     def __post_init__(self) -> None:
         if self.linking_top_k < 1 or self.hybrid_linking_top_k < 1:
@@ -148,5 +149,8 @@ class RetrievalConfig:
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if self.hybrid_temperature <= 0 or self.hybrid_rrf_k < 0:
             raise ValueError("hybrid_temperature must be > 0 and hybrid_rrf_k >= 0")
+        if not 0.0 <= self.hybrid_entity_weight <= 1.0:
+            raise ValueError(f"hybrid_entity_weight must be in [0, 1], "
+                             f"got {self.hybrid_entity_weight}")
         if not 0.0 <= self.hybrid_weight <= 1.0:
             raise ValueError(f"hybrid_weight must be in [0, 1], got {self.hybrid_weight}")

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
+from hippo_gpu.entities import heuristic_entities
 
 if TYPE_CHECKING:
     from hippo_gpu.index import Index
@@ -346,8 +347,8 @@ def rank(
     clock.lap("ppr")
 
     if hybrid:
-        w, k = cfg.hybrid_weight, cfg.hybrid_rrf_k
-        final = w / (k + ranks_of(ppr.float())) + (1.0 - w) / (k + ranks_of(cos))
+        final = _hybrid_fusion(index, queries, query_entities, ppr.float(), cos, cfg)
+        clock.lap("entities")
     else:
         final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
     final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
@@ -355,6 +356,33 @@ def rank(
     clock.lap("rank")
     seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
     return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
+
+
+def _hybrid_fusion(index: Index, queries: list[str],
+                   query_entities: Sequence[Sequence[str]] | None, ppr: Tensor, cos: Tensor,
+                   cfg: RetrievalConfig) -> Tensor:
+    """Weighted reciprocal-rank fusion of three rankings of the passages ([Q, P] each):
+
+        score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
+                + e / (k + rank_entity)
+
+    with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
+    entity ranking is HippoRAG 1's (entity_scores) from `query_entities`, or from capitalised
+    spans of the query when none are given; passages it scores 0 rank last, and a query with no
+    entity uses its dense ranking there.
+    """
+    w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
+    rank_dense = ranks_of(cos)
+    final = (1 - e) * w / (k + ranks_of(ppr)) + (1 - e) * (1 - w) / (k + rank_dense)
+    if e > 0:
+        if query_entities is None:
+            query_entities = heuristic_entities(queries)
+        _check_entities(queries, query_entities)
+        doc, has_ent = entity_scores(index, query_entities, cfg)
+        rank_ent = ranks_of(doc).masked_fill(doc <= 0, float(doc.shape[1]))
+        rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
+        final = final + e / (k + rank_ent)
+    return final
 
 
 def _apply_filter(index: Index, queries: list[str], cand_rows: Tensor,
@@ -377,49 +405,69 @@ def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
     return mask
 
 
+def _check_entities(queries: list[str], query_entities: Sequence[Sequence[str]]) -> None:
+    if len(query_entities) != len(queries):
+        raise ValueError(
+            f"query_entities has {len(query_entities)} rows for {len(queries)} queries")
+    for i, ents in enumerate(query_entities):
+        if isinstance(ents, str) or not all(isinstance(e, str) for e in ents):
+            raise TypeError(f"query_entities[{i}] must be a list of strings")
+
+
+def entity_scores(index: Index, query_entities: Sequence[Sequence[str]],
+                  cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+    """HippoRAG 1 passage scores from query entities.
+
+    Each entity is linked to its nearest phrase (cosine argmax); the phrase gets reset weight
+    1 / |passages containing it| (node specificity); PPR runs on the phrase-only graph; a
+    passage scores the sum of its phrases' PPR, min-max normalised per query.
+
+    Returns:
+        scores: [Q, P] float32 (rows of queries without entities are zero).
+        has_entities: [Q] bool.
+    """
+    dev = index.device
+    q, m, p = len(query_entities), len(index.phrases), len(index.passage_keys)
+    owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
+    flat = [e for ents in query_entities for e in ents]
+    has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
+    if not flat or m == 0:
+        return torch.zeros((q, p), device=dev), has_ent
+    e_ent = index.encoder().encode(flat).to(dev, index.phrase_emb.dtype)  # [E, D]
+    nearest = (e_ent @ index.phrase_emb.T).argmax(dim=1)  # [E] phrase rows
+    own = torch.tensor(owner, dtype=torch.int64, device=dev)
+    weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, Q]
+    seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
+    has_ent[own] = True
+    seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
+    ppr = _solver(index, cfg, phrase_graph=True)(seeds)  # [M, Q]
+    inc = torch.sparse_coo_tensor(
+        torch.stack([index.incidence_passage, index.incidence_phrase]),
+        torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
+        check_invariants=False,
+    ).to_sparse_csr()
+    doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
+    return doc * has_ent.unsqueeze(1), has_ent
+
+
 def _rank_hipporag1(index: Index, queries: list[str],
                     query_entities: Sequence[Sequence[str]] | None, top_k: int,
                     cfg: RetrievalConfig, clock: _Clock) -> Ranking:
-    """HippoRAG 1: entities -> nearest phrase (cosine argmax) -> reset weight 1/|passages| ->
-    PPR on the phrase-only graph -> passage score = sum of its phrases' PPR, min-max."""
+    """HippoRAG 1 ranking (see entity_scores); queries without entities get the dense one."""
     if query_entities is None:
         raise ValueError(
             "mode 'hipporag1' needs the named entities of each query: pass query_entities "
             "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
             "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
-    if len(query_entities) != len(queries):
-        raise ValueError(
-            f"query_entities has {len(query_entities)} rows for {len(queries)} queries")
+    _check_entities(queries, query_entities)
     dev = index.device
-    q, m, p = len(queries), len(index.phrases), len(index.passage_keys)
-    owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
-    flat = [e for ents in query_entities for e in ents]
-    enc = index.encoder()
-    e_pass = enc.encode_queries(queries, "query_to_passage").to(dev)
+    e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)
     dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()
-    has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
-    if flat and m > 0:
-        e_ent = enc.encode(flat).to(dev, index.phrase_emb.dtype)  # [E, D]
-        nearest = (e_ent @ index.phrase_emb.T).argmax(dim=1)  # [E] phrase rows
-        clock.lap("encode")
-        own = torch.tensor(owner, dtype=torch.int64, device=dev)
-        weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
-        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        seeds = torch.zeros((m, q), dtype=dtype, device=dev)
-        seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
-        has_ent[own] = True
-        seeds[:, ~has_ent] = 1.0  # placeholder; those columns fall back to dense
-        clock.lap("seeds")
-        ppr = _solver(index, cfg, phrase_graph=True)(seeds)  # [M, Q]
-        inc = torch.sparse_coo_tensor(
-            torch.stack([index.incidence_passage, index.incidence_phrase]),
-            torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
-            check_invariants=False,
-        ).to_sparse_csr()
-        doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
-        clock.lap("ppr")
-    else:
-        doc = dense
+    clock.lap("encode")
+    doc, has_ent = entity_scores(index, query_entities, cfg)
+    clock.lap("ppr")
     final = torch.where(has_ent.unsqueeze(1), doc, dense)
     scores, rows = topk_stable(final, top_k)
     clock.lap("rank")

@@ -36,6 +36,13 @@ def test_parity_with_official_recall(musique_index, questions, mode):
         assert abs(r.recall[k] - want) <= tol + 1e-9, (mode, k, r.recall[k], want)
 
 
+def test_hybrid_beats_both_on_musique(musique_index, questions):
+    # issue 4's bar on all 100 questions: R@2 >= max(DPR, HippoRAG 2) + 2, R@5 >= HippoRAG 2 + 2
+    r = evaluate_mode(musique_index, questions, "hybrid", top_k=200)
+    assert r.recall["2"] >= max(OFFICIAL["dense"]["2"], OFFICIAL["hipporag2"]["2"]) + 2
+    assert r.recall["5"] >= OFFICIAL["hipporag2"]["5"] + 2
+
+
 def test_float32_top10_matches_float64(musique_index, questions):
     texts = [q.question for q in questions]
     r64 = rank(musique_index, texts, top_k=10, config=RetrievalConfig(dtype="float64"))

@@ -122,6 +122,26 @@ def test_hybrid_and_hipporag1_modes(sample_index):
     assert "Tidal clock" in titles[:3]
 
 
+def test_hybrid_entity_part(sample_index):
+    from hippo_gpu.entities import heuristic_entities
+
+    cfg0 = RetrievalConfig(hybrid_entity_weight=0.0)
+    cfg = RetrievalConfig(hybrid_entity_weight=0.4)
+    auto = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg)
+    given = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg,
+                 query_entities=heuristic_entities(QUERIES))
+    assert auto.passage_rows.tolist() == given.passage_rows.tolist()
+    without = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg0)
+    assert auto.passage_rows.tolist() != without.passage_rows.tolist()
+    # the entity ranking alone (weight 1) is the hipporag1 ranking where a query has entities
+    only = rank(sample_index, QUERIES[:2], top_k=5, mode="hybrid",
+                config=RetrievalConfig(hybrid_entity_weight=1.0),
+                query_entities=[["tidal clock"], ["Lumen Museum"]])
+    v1 = rank(sample_index, QUERIES[:2], top_k=5, mode="hipporag1",
+              query_entities=[["tidal clock"], ["Lumen Museum"]])
+    assert only.passage_rows.tolist() == v1.passage_rows.tolist()
+
+
 def test_bad_arguments(sample_index):
     with pytest.raises(ValueError, match="unknown mode"):
         sample_index.retrieve(QUERIES, mode="magic")
