@@ -433,8 +433,17 @@ def entity_scores(index: Index, query_entities: Sequence[Sequence[str]],
     has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
     if not flat or m == 0:
         return torch.zeros((q, p), device=dev), has_ent
-    e_ent = index.encoder().encode(flat).to(dev, index.phrase_emb.dtype)  # [E, D]
-    nearest = (e_ent @ index.phrase_emb.T).argmax(dim=1)  # [E] phrase rows
+    # An entity whose lower-cased text is a phrase is linked to it without encoding: the encoder
+    # is uncased, so its vector equals the phrase's and the cosine argmax is that phrase.
+    row_of = index._cache.get("phrase_row")
+    if row_of is None:
+        row_of = index._cache["phrase_row"] = {ph: i for i, ph in enumerate(index.phrases)}
+    exact = [row_of.get(e.lower(), -1) for e in flat]
+    todo = [i for i, r in enumerate(exact) if r < 0]
+    nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
+    if todo:
+        e_ent = index.encoder().encode([flat[i] for i in todo]).to(dev, index.phrase_emb.dtype)
+        nearest[torch.tensor(todo, device=dev)] = (e_ent @ index.phrase_emb.T).argmax(dim=1)
     own = torch.tensor(owner, dtype=torch.int64, device=dev)
     weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
