@@ -418,7 +418,8 @@ def entity_scores(index: Index, query_entities: Sequence[Sequence[str]],
                   cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
     """HippoRAG 1 passage scores from query entities.
 
-    Each entity is linked to its nearest phrase (cosine argmax); the phrase gets reset weight
+    Each entity is linked to the phrase equal to its lower-cased text, else to its nearest
+    phrase by cosine (as upstream v1); the phrase gets reset weight
     1 / |passages containing it| (node specificity); PPR runs on the phrase-only graph; a
     passage scores the sum of its phrases' PPR, min-max normalised per query.
 
@@ -433,8 +434,9 @@ def entity_scores(index: Index, query_entities: Sequence[Sequence[str]],
     has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
     if not flat or m == 0:
         return torch.zeros((q, p), device=dev), has_ent
-    # An entity whose lower-cased text is a phrase is linked to it without encoding: the encoder
-    # is uncased, so its vector equals the phrase's and the cosine argmax is that phrase.
+    # Linking: an entity whose lower-cased text is a phrase links to it without encoding (with
+    # the default, uncased encoder that is exactly the cosine argmax); others go to the nearest
+    # phrase by cosine.
     row_of = index._cache.get("phrase_row")
     if row_of is None:
         row_of = index._cache["phrase_row"] = {ph: i for i, ph in enumerate(index.phrases)}
