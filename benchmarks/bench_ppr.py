@@ -228,10 +228,11 @@ def hardware(devices: list[str]) -> dict:
     return info
 
 
-def versions() -> dict:
+def versions(optional: tuple[str, ...] = ("igraph", "networkx")) -> dict:
+    """Python, torch, numpy, scipy versions, plus each optional module's (None if absent)."""
     out = {"python": platform.python_version(), "torch": torch.__version__}
     out.update(numpy=np.__version__, scipy=scipy.__version__)
-    for name in ("igraph", "networkx"):
+    for name in optional:
         try:
             out[name] = __import__(name).__version__
         except ImportError:

@@ -94,7 +94,6 @@ if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torc
 import datetime as dt  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -105,7 +104,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_ppr import git_commit, hardware  # noqa: E402
+from bench_ppr import git_commit, hardware, versions  # noqa: E402
 from timing import time_call  # noqa: E402
 
 import hippo_gpu  # noqa: E402
@@ -311,17 +310,6 @@ def data_dir(args: argparse.Namespace) -> Path:
         return Path(args.data_dir)
     root = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
     return root / "musique_train"
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "numpy": np.__version__, "hippo_gpu": hippo_gpu.__version__}
-    for name in ("igraph", "sentence_transformers"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
 
 
 def _recall(keys: list[list[str]], gold: list[set[str]]) -> dict[str, float]:
@@ -575,7 +563,7 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
         "threads": args.threads,
         "torch_threads": torch.get_num_threads(),
         "loadavg": list(os.getloadavg()),
-        "versions": versions(),
+        "versions": versions(("igraph", "sentence_transformers", "hippo_gpu")),
         "device": args.device,
         "index": {"path": str(args.index_dir), "N": index.num_nodes, "nnz": nnz, **stats},
         "data": str(data),

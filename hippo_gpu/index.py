@@ -66,9 +66,7 @@ class Index:
     passage_titles: list[str]
     passage_texts: list[str]  # title + "\n" + text, the text that was indexed
     phrases: list[str]
-    phrase_keys: list[str]
     facts: list[Triple]
-    fact_keys: list[str]
     fact_phrases: torch.Tensor
     phrase_passage_counts: torch.Tensor
     incidence_phrase: torch.Tensor
@@ -83,6 +81,16 @@ class Index:
     _encoder: Encoder | None = field(default=None, repr=False)
     _row_of_key: dict[str, int] | None = field(default=None, repr=False)
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # per-device solvers
+
+    @property
+    def phrase_keys(self) -> list[str]:
+        """Official phrase ids, "entity-" + md5(phrase), by phrase row (derived, not stored)."""
+        return [_md5_key("entity-", ph) for ph in self.phrases]
+
+    @property
+    def fact_keys(self) -> list[str]:
+        """Official fact ids, "fact-" + md5(str(triple)), by fact row (derived, not stored)."""
+        return [_md5_key("fact-", fact_text(f)) for f in self.facts]
 
     @property
     def device(self) -> torch.device:
@@ -301,9 +309,7 @@ def build_index(
         passage_titles=[p.title for p in passages],
         passage_texts=[p.content for p in passages],
         phrases=elements.phrases,
-        phrase_keys=[_md5_key("entity-", ph) for ph in elements.phrases],
         facts=elements.facts,
-        fact_keys=[_md5_key("fact-", fact_text(f)) for f in elements.facts],
         fact_phrases=torch.from_numpy(elements.fact_phrases),
         phrase_passage_counts=torch.from_numpy(phrase_passage_counts(elements).astype(np.int64)),
         incidence_phrase=torch.from_numpy(elements.passage_phrase_phrase),
@@ -376,9 +382,7 @@ def load_index(
         passage_titles=t["passage_titles"],
         passage_texts=t["passage_texts"],
         phrases=phrases,
-        phrase_keys=[_md5_key("entity-", ph) for ph in phrases],
         facts=facts,  # type: ignore[arg-type]
-        fact_keys=[_md5_key("fact-", fact_text(f)) for f in facts],  # type: ignore[arg-type]
         fact_phrases=g["fact_phrases"],
         phrase_passage_counts=g["phrase_passage_counts"],
         incidence_phrase=g["incidence_phrase"],

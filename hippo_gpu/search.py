@@ -97,6 +97,28 @@ def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return by_val.values, by_idx.values.gather(1, by_val.indices)
 
 
+def encode_queries(index: Index, queries: list[str],
+                   query_emb: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Query vectors for passages and for facts ([Q, D] each, on the index device).
+
+    One encoder call when both purposes share an instruction (then the two are the same
+    tensor); `query_emb` supplies precomputed vectors in that case.
+    """
+    dev = index.device
+    instructions = index.config.encoder.query_instructions
+    same = instructions.get("query_to_fact", "") == instructions.get("query_to_passage", "")
+    if query_emb is not None:
+        if not same:
+            raise ValueError("query_emb needs one instruction for facts and passages")
+        if query_emb.shape != (len(queries), index.passage_emb.shape[1]):
+            raise ValueError(f"query_emb must be [{len(queries)}, {index.passage_emb.shape[1]}]")
+        e_pass = query_emb.to(dev)
+    else:
+        e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)
+    e_fact = e_pass if same else index.encoder().encode_queries(queries, "query_to_fact").to(dev)
+    return e_pass, e_fact
+
+
 def ranks_of(scores: Tensor) -> Tensor:
     """[Q, P] -> 0-based rank of each entry in its row (descending; ties by lower index)."""
     order = torch.sort(scores, dim=1, descending=True, stable=True).indices
@@ -298,17 +320,7 @@ def rank(
     if mode == "hipporag1":
         return _rank_hipporag1(index, queries, query_entities, top_k, cfg, clock)
 
-    instructions = index.config.encoder.query_instructions
-    same = instructions.get("query_to_fact", "") == instructions.get("query_to_passage", "")
-    if query_emb is not None:
-        if not same:
-            raise ValueError("query_emb needs one instruction for facts and passages")
-        if query_emb.shape != (q, index.passage_emb.shape[1]):
-            raise ValueError(f"query_emb must be [{q}, {index.passage_emb.shape[1]}]")
-        e_pass = query_emb.to(dev)
-    else:
-        e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)  # [Q, D]
-    e_fact = e_pass if same else index.encoder().encode_queries(queries, "query_to_fact").to(dev)
+    e_pass, e_fact = encode_queries(index, queries, query_emb)  # [Q, D] each
     clock.lap("encode")
 
     cos = (e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
@@ -473,8 +485,7 @@ def _rank_hipporag1(index: Index, queries: list[str],
             "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
             "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
     _check_entities(queries, query_entities)
-    dev = index.device
-    e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)
+    e_pass, _ = encode_queries(index, queries)
     dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()
     clock.lap("encode")
     doc, has_ent = entity_scores(index, query_entities, cfg)
@@ -506,10 +517,7 @@ def hipporag2_reset_vectors(index: Index, queries: Sequence[str],
     """The [N, Q] float64 HippoRAG 2 reset vectors of `queries` (for PPR benchmarks/tests)."""
     cfg = config or RetrievalConfig()
     queries = _check_queries(queries)
-    dev = index.device
-    enc = index.encoder()
-    e = enc.encode_queries(queries, "query_to_passage").to(dev)
-    e_fact = enc.encode_queries(queries, "query_to_fact").to(dev)
+    e, e_fact = encode_queries(index, queries)
     cos = (e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
     fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
     cs, cr = topk_stable(fs, cfg.linking_top_k)

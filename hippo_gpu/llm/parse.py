@@ -17,9 +17,11 @@ import difflib
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound=Hashable)
 
 #: reasons an output is rejected (the keys of ParseStats.rejected)
 REJECT_REASONS = (
@@ -291,10 +293,15 @@ def parse_entities(
     """
     value, repairs = load_json(text, limits, stats)
     raw = _field(value, names, repairs)
-    seen: set[str] = set()
-    out: list[str] = []
-    for element in raw:
-        item = _as_item(element, repairs, limits)
+    out = _unique((_as_item(e, repairs, limits) for e in raw), repairs)
+    return _finish(out, repairs, limits, stats)
+
+
+def _unique(items: Iterable[T | None], repairs: list[str]) -> list[T]:
+    """Drop rejected (None) items and repeats, keeping first occurrences in order."""
+    seen: set[T] = set()
+    out: list[T] = []
+    for item in items:
         if item is None:
             continue
         if item in seen:
@@ -302,7 +309,7 @@ def parse_entities(
             continue
         seen.add(item)
         out.append(item)
-    return _finish(out, repairs, limits, stats)
+    return out
 
 
 _TRIPLE_KEYS = (("subject", "predicate", "object"), ("subject", "relation", "object"))
@@ -346,18 +353,8 @@ def parse_triples(
     """
     value, repairs = load_json(text, limits, stats)
     raw = _field(value, names, repairs)
-    seen: set[tuple[str, str, str]] = set()
-    out: list[list[str]] = []
-    for element in raw:
-        triple = _as_triple(element, repairs, limits)
-        if triple is None:
-            continue
-        if triple in seen:
-            repairs.append("duplicate")
-            continue
-        seen.add(triple)
-        out.append(list(triple))
-    return _finish(out, repairs, limits, stats)
+    triples = _unique((_as_triple(e, repairs, limits) for e in raw), repairs)
+    return _finish([list(t) for t in triples], repairs, limits, stats)
 
 
 def _norm_fact(fact: Sequence[str]) -> str:
