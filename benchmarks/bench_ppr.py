@@ -90,7 +90,7 @@ def load_graph(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
         return graph.adjacency, graph.passage_nodes, reset, info
     # musique_train: the lead's index API (hippo_gpu.build_index / load_index / search).
     import hippo_gpu
-    from hippo_gpu.search import hipporag2_reset_vectors
+    from hippo_gpu.search import Searcher
 
     data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
     sub = data / "musique_train"
@@ -102,7 +102,8 @@ def load_graph(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
             sub / "corpus.json", sub / "openie_gpt-3.5-turbo-1106.json", index_dir
         )
     questions = json.loads((sub / "questions.json").read_text())
-    reset = hipporag2_reset_vectors(index, [q["question"] for q in questions]).to(torch.float64)
+    texts = [q["question"] for q in questions]
+    reset = Searcher(index).hipporag2_reset_vectors(texts).to(torch.float64)
     info = {"graph": "musique_train", "passages": int(index.passage_nodes.numel())}
     return index.adjacency, index.passage_nodes.to(torch.int64), reset.cpu(), info
 

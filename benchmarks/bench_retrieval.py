@@ -2,7 +2,7 @@
 
 One process, one index (musique_train by default), the same questions for every row:
 
-* ours: ``hippo_gpu.search.rank(index, queries, top_k=200, mode=M)`` for M in hipporag2, dense,
+* ours: ``hippo_gpu.Searcher(index).rank(queries, top_k=200, mode=M)`` for M in hipporag2, dense,
   hybrid, on the Q0 questions (100 for musique_train) and on Q0 x V queries (each question in V
   light deterministic paraphrases, see ``paraphrase``: 1,000 queries by default), all queries in
   one batch, plus a batch-size sweep (default 1, 16, all) on the Q0 questions. End-to-end time is
@@ -111,7 +111,7 @@ import hippo_gpu  # noqa: E402
 from hippo_gpu.data import Question, read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
 from hippo_gpu.index import Index  # noqa: E402
-from hippo_gpu.search import Ranking, rank  # noqa: E402
+from hippo_gpu.search import Ranking, Searcher  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 REPO = Path(__file__).resolve().parents[1]
@@ -298,11 +298,9 @@ def load_or_build(args: argparse.Namespace, data: Path) -> Index:
     return hippo_gpu.load_index(index_dir, device="cpu")
 
 
-def with_query_encoder(index: Index, batch_size: int | None, precision: str | None) -> Index:
-    """The index with its query encoder's batch size / precision overridden (same tensors)."""
-    if batch_size is None and precision is None:
-        return index
-    return index.with_query_encoder(precision=precision, batch_size=batch_size)
+def make_searcher(index: Index, batch_size: int | None, precision: str | None) -> Searcher:
+    """A searcher with its query encoder's batch size / precision overridden (same tensors)."""
+    return Searcher(index, query_precision=precision, query_batch_size=batch_size)
 
 
 def data_dir(args: argparse.Namespace) -> Path:
@@ -325,10 +323,11 @@ def _per_query_ms(stage_sums: list[dict[str, float]], q: int) -> dict[str, float
     return {k: v * 1e3 / q / max(len(stage_sums), 1) for k, v in out.items()}
 
 
-def run_ours(index: Index, queries: list[str], mode: str, batch: int, args: argparse.Namespace,
-             gold: list[set[str]], q0: int) -> tuple[dict, torch.Tensor]:
+def run_ours(searcher: Searcher, queries: list[str], mode: str, batch: int,
+             args: argparse.Namespace, gold: list[set[str]],
+             q0: int) -> tuple[dict, torch.Tensor]:
     """Time one (mode, Q, batch) row; return it and the passage rows [Q0, K] of the Q0 originals."""
-    dev = index.device
+    dev = searcher.device
     calls: list[dict[str, float]] = []
     holder: dict[str, list[Ranking]] = {}
 
@@ -336,7 +335,7 @@ def run_ours(index: Index, queries: list[str], mode: str, batch: int, args: argp
         stage: dict[str, float] = {}
         out = []
         for i in range(0, len(queries), batch):
-            r = rank(index, queries[i:i + batch], top_k=args.top_k, mode=mode)
+            r = searcher.rank(queries[i:i + batch], top_k=args.top_k, mode=mode)
             for k, v in r.stage_seconds.items():
                 stage[k] = stage.get(k, 0.0) + v
             out.append(r)
@@ -347,7 +346,7 @@ def run_ours(index: Index, queries: list[str], mode: str, batch: int, args: argp
                        max_seconds=args.max_seconds)
     q = len(queries)
     rows = torch.cat([r.passage_rows.cpu() for r in holder["rankings"]])  # [Q, K]
-    keys = index.passage_keys
+    keys = searcher.index.passage_keys
     ranked = [[keys[j] for j in row] for row in rows[:q0].tolist()]
     row = {
         "pipeline": "hippo_gpu", "mode": mode, "device": str(dev), "Q": q, "batch": batch,
@@ -481,9 +480,10 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     cpu_index = index if index is not None else load_or_build(args, data)
     load_s = time.perf_counter() - start
     base_index = cpu_index.to(args.device) if args.device == "cuda" else cpu_index
-    index = with_query_encoder(base_index, args.query_batch_size, args.query_precision)
+    index = base_index
+    searcher = make_searcher(base_index, args.query_batch_size, args.query_precision)
     start = time.perf_counter()
-    enc = index.encoder()
+    enc = searcher.encoder
     encoder_load_s = time.perf_counter() - start
     start = time.perf_counter()
     enc.encode_queries(texts[:1], "query_to_passage")
@@ -500,7 +500,7 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     first_call: dict[str, float] = {}
     for mode in modes:  # cold call of each mode: solver build, allocator warm-up
         def one(mode: str = mode) -> Ranking:
-            return rank(index, texts[:1], top_k=args.top_k, mode=mode)
+            return searcher.rank(texts[:1], top_k=args.top_k, mode=mode)
 
         t = time_call(one, device=index.device, warmup=0, repeats=1)
         first_call[mode] = t.first * 1e3
@@ -513,7 +513,7 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     ours_h2: torch.Tensor | None = None
     for mode in modes:
         for q, b in shapes:
-            row, ranked = run_ours(index, queries[:q], mode, b, args, gold, q0)
+            row, ranked = run_ours(searcher, queries[:q], mode, b, args, gold, q0)
             rows.append(row)
             if mode == "hipporag2" and q == q0 and b == q0:
                 ours_h2 = ranked
@@ -524,7 +524,7 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     agree = None
     if not args.no_baseline:
         start = time.perf_counter()
-        base = UpstreamBaseline(cpu_index, base_index.encoder())
+        base = UpstreamBaseline(cpu_index, Searcher(base_index).encoder)
         graph_s = time.perf_counter() - start
         for batched in (True, False):
             brow, answers = run_baseline(base, texts, gold, args, batched_encode=batched)

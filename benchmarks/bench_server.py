@@ -82,14 +82,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m hippo_gpu.serve_cli` on loopback, with its log in a temp file."""
+    """`python -m hippo_gpu.cli.serve` on loopback, with its log in a temp file."""
 
     def __init__(self, args: argparse.Namespace, max_batch: int) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [
-            sys.executable, "-m", "hippo_gpu.serve_cli",
+            sys.executable, "-m", "hippo_gpu.cli", "serve",
             "--index", str(args.index), "--host", "127.0.0.1", "--port", str(self.port),
             "--device", args.device, "--max-batch", str(max_batch),
             "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(args.max_queue),

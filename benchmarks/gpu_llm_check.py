@@ -72,7 +72,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from llm_extract_bench import DATA, DEFAULT_OUT, run
 
-    from hippo_gpu.llm.vllm_backend import VLLMBackend
+    from hippo_gpu.llm.backends.vllm import VLLMBackend
 
     corpus = args.corpus or DATA / "musique_train" / "corpus.json"
     if not corpus.exists():

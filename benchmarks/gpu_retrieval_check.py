@@ -38,22 +38,22 @@ def main() -> int:
     import hippo_gpu
     from hippo_gpu.data import read_questions
     from hippo_gpu.sample import paths
-    from hippo_gpu.search import rank
+    from hippo_gpu.search import Searcher
 
     files = paths()
     texts = [q.question for q in read_questions(files["questions"])] * args.repeat
     worst = 1.0
     with tempfile.TemporaryDirectory() as tmp:
-        cpu = hippo_gpu.build_index(files["corpus"], files["openie"], Path(tmp) / "cpu",
-                                    device="cpu")
-        gpu = hippo_gpu.build_index(files["corpus"], files["openie"], Path(tmp) / "gpu",
-                                    device="cuda")
+        cpu = Searcher(hippo_gpu.build_index(files["corpus"], files["openie"],
+                                             Path(tmp) / "cpu", device="cpu"))
+        gpu = Searcher(hippo_gpu.build_index(files["corpus"], files["openie"],
+                                             Path(tmp) / "gpu", device="cuda"))
         for mode in ("dense", "hipporag2", "hybrid"):
-            r_cpu = rank(cpu, texts, top_k=10, mode=mode)
-            rank(gpu, texts, top_k=10, mode=mode)  # warm-up (encoder, solver build)
+            r_cpu = cpu.rank(texts, top_k=10, mode=mode)
+            gpu.rank(texts, top_k=10, mode=mode)  # warm-up (encoder, solver build)
             torch.cuda.synchronize()
             start = time.perf_counter()
-            r_gpu = rank(gpu, texts, top_k=10, mode=mode)
+            r_gpu = gpu.rank(texts, top_k=10, mode=mode)
             torch.cuda.synchronize()
             ms = (time.perf_counter() - start) * 1e3 / len(texts)
             same = [set(a) == set(b) for a, b in

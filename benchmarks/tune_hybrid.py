@@ -45,7 +45,7 @@ def main() -> None:
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.search import rank
+    from hippo_gpu.search import Searcher
 
     data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
     data = data / "musique_train"
@@ -61,10 +61,11 @@ def main() -> None:
     gold = [{p.key for p in q.gold} for q in questions]
     halves = {"tune": list(range(0, len(texts), 2)), "held_out": list(range(1, len(texts), 2)),
               "all": list(range(len(texts)))}
-    emb = idx.encoder().encode_queries(texts, "query_to_passage")
+    searcher = Searcher(idx)
+    emb = searcher.encoder.encode_queries(texts, "query_to_passage")
 
     def recalls(mode: str, cfg: RetrievalConfig) -> dict[str, dict[str, float]]:
-        r = rank(idx, texts, top_k=10, mode=mode, config=cfg, query_emb=emb)
+        r = searcher.rank(texts, top_k=10, mode=mode, config=cfg, query_emb=emb)
         keys = [[idx.passage_keys[j] for j in row] for row in r.passage_rows.tolist()]
         return {h: recall_at_k([keys[i] for i in sel], [gold[i] for i in sel], (1, 2, 5, 10))
                 for h, sel in halves.items()}

@@ -1,8 +1,16 @@
-"""hippo_gpu: HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA."""
+"""hippo_gpu: HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA.
 
-from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig
-from hippo_gpu.index import Index, __version__, build_index, load_index
-from hippo_gpu.search import Hit
+Public API: `build_index` / `load_index` give an `Index` (data); a `Searcher` answers queries
+over it::
+
+    index = hippo_gpu.load_index("my_index")
+    hits = hippo_gpu.Searcher(index).retrieve(["Who founded ...?"], top_k=10)
+"""
+
+from hippo_gpu.build import build_index
+from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
+from hippo_gpu.index import Index, __version__, load_index
+from hippo_gpu.search import Hit, Ranking, Searcher
 
 __all__ = [
     "EncoderConfig",
@@ -10,6 +18,9 @@ __all__ = [
     "Hit",
     "Index",
     "IndexConfig",
+    "Ranking",
+    "RetrievalConfig",
+    "Searcher",
     "__version__",
     "build_index",
     "load_index",

@@ -122,6 +122,31 @@ def read_corpus(source: str | Path | Sequence[dict[str, Any]]) -> list[Passage]:
     if not isinstance(items, list):
         raise DataFormatError(f"{source}: a corpus is a JSON list of {{title, text}} objects")
     passages = [_passage_from(item, f"corpus[{i}]") for i, item in enumerate(items)]
+    _check_unique(passages)
+    return passages
+
+
+def as_passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]]) -> list[Passage]:
+    """The one corpus reader: a corpus JSON path, or passages ({title, text} dicts or Passage
+    objects, mixed), checked as `read_corpus` checks a file (duplicates are an error)."""
+    if isinstance(corpus, (str, Path)):
+        return read_corpus(corpus)
+    if isinstance(corpus, (dict, bytes)):
+        raise DataFormatError("a corpus is a list of passages or a path, not a single "
+                              f"{type(corpus).__name__}")
+    items = list(corpus)
+    if all(isinstance(p, Passage) for p in items):
+        passages: list[Passage] = items  # type: ignore[assignment]
+        _check_unique(passages)
+        return passages
+    dicts: list[dict[str, Any]] = [
+        {"title": p.title, "text": p.text} if isinstance(p, Passage) else p  # type: ignore[misc]
+        for p in items
+    ]
+    return read_corpus(dicts)
+
+
+def _check_unique(passages: Sequence[Passage]) -> None:
     seen: dict[str, int] = {}
     for i, p in enumerate(passages):
         if p.key in seen:
@@ -130,7 +155,6 @@ def read_corpus(source: str | Path | Sequence[dict[str, Any]]) -> list[Passage]:
                 "remove duplicates, they would share one passage node"
             )
         seen[p.key] = i
-    return passages
 
 
 def read_questions(source: str | Path | Sequence[dict[str, Any]]) -> list[Question]:

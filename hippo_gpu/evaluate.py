@@ -9,14 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import Question
-from hippo_gpu.search import FactFilter, Ranking, rank
-
-if TYPE_CHECKING:
-    from hippo_gpu.index import Index
+from hippo_gpu.search import FactFilter, Ranking, Searcher
 
 RECALL_KS = (1, 2, 5, 10, 20, 50, 100, 200)
 
@@ -49,7 +46,7 @@ class ModeResult:
 
 
 def evaluate_mode(
-    index: Index,
+    searcher: Searcher,
     questions: Sequence[Question],
     mode: str,
     *,
@@ -62,17 +59,17 @@ def evaluate_mode(
     """Run one mode over all questions (in batches of `batch_size`, default all at once)."""
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
-    index.encoder()  # load the query encoder outside the timed region
+    _ = searcher.encoder  # load the query encoder outside the timed region
     bs = batch_size or max(len(texts), 1)
     rankings: list[Ranking] = []
     start = time.perf_counter()
     for i in range(0, len(texts), bs):
         ents = None if query_entities is None else query_entities[i:i + bs]
-        rankings.append(rank(index, texts[i:i + bs], top_k=top_k, mode=mode, config=config,
-                             fact_filter=fact_filter, query_entities=ents))
+        rankings.append(searcher.rank(texts[i:i + bs], top_k=top_k, mode=mode, config=config,
+                                      fact_filter=fact_filter, query_entities=ents))
     seconds = time.perf_counter() - start
     stage: dict[str, float] = {}
-    keys = index.passage_keys
+    keys = searcher.index.passage_keys
     ranked: list[list[str]] = []
     fallbacks = 0
     for r in rankings:

@@ -1,47 +1,28 @@
-"""The index: build it from corpus + OpenIE, save it, load it onto a device.
+"""Index: the data of one index version (tensors, tables, config), and its load/save.
 
-Indexing (passages -> OpenIE -> graph -> embeddings -> synonym edges) writes an immutable
-directory (see store.py). Loading moves it to a device once; search answers batches over it.
+An `Index` holds what indexing produced and nothing else: no encoder, no solver, no retrieval.
+`build.build_index` makes one; `load_index` reads one from disk; `Index.to(device)` moves it;
+`search.Searcher` answers queries over it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any
 
-import numpy as np
 import torch
 
-from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
-from hippo_gpu.data import OpenIEReport, Passage, Triple, read_corpus, read_openie
+from hippo_gpu.config import IndexConfig
+from hippo_gpu.data import Triple
 from hippo_gpu.device import resolve_device
-from hippo_gpu.embed import Encoder, embeddings_dtype
-from hippo_gpu.graph import (
-    build_graph,
-    extract_elements,
-    fact_text,
-    make_csr,
-    phrase_passage_counts,
-)
+from hippo_gpu.embed import embeddings_dtype
+from hippo_gpu.graph import fact_text, make_csr
 from hippo_gpu.store import IndexFormatError, read_index_dir, write_index_dir
-from hippo_gpu.synonyms import (
-    APPROXIMATE_BACKENDS,
-    knn,
-    knn_recall,
-    resolve_knn_backend,
-    select_synonym_edges,
-    synonym_candidates_k,
-)
 
-if TYPE_CHECKING:
-    from hippo_gpu.search import FactFilter, Hit
-
-log = logging.getLogger(__name__)
+__all__ = ["Index", "IndexFormatError", "__version__", "load_index"]
 
 __version__ = "0.1.0"
 
@@ -78,9 +59,6 @@ class Index:
     report: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     path: Path | None = None
-    _encoder: Encoder | None = field(default=None, repr=False)
-    _row_of_key: dict[str, int] | None = field(default=None, repr=False)
-    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # per-device solvers
 
     @property
     def phrase_keys(self) -> list[str]:
@@ -109,11 +87,19 @@ class Index:
         out["encoder"] = self.config.encoder.model
         return out
 
+    @cached_property
+    def row_of_key(self) -> dict[str, int]:
+        """Passage key -> passage row (0..P-1), built on first use."""
+        return {k: i for i, k in enumerate(self.passage_keys)}
+
+    @cached_property
+    def row_of_phrase(self) -> dict[str, int]:
+        """Phrase text -> phrase row (0..M-1), built on first use."""
+        return {ph: i for i, ph in enumerate(self.phrases)}
+
     def passage_row(self, key: str) -> int:
         """Passage row (0..P-1) of a chunk key; KeyError if the key is not indexed."""
-        if self._row_of_key is None:
-            self._row_of_key = {k: i for i, k in enumerate(self.passage_keys)}
-        return self._row_of_key[key]
+        return self.row_of_key[key]
 
     def to(self, device: str | torch.device) -> Index:
         """Move tensors to `device` (embeddings become float16 on CUDA, float32 on CPU)."""
@@ -130,62 +116,8 @@ class Index:
             passage_emb=self.passage_emb.to(dev, emb_dtype),
             phrase_emb=self.phrase_emb.to(dev, emb_dtype),
             fact_emb=self.fact_emb.to(dev, emb_dtype),
-            _encoder=None,
-            _cache={},
         )
         return moved
-
-    def with_query_encoder(self, *, precision: str | None = None,
-                           batch_size: int | None = None) -> Index:
-        """The same index with its query encoder run at another precision or batch size.
-
-        The index vectors are untouched; e.g. precision="bfloat16" encodes queries about 3x
-        faster on AMX CPUs at a cosine error of ~1e-3 (rankings may change near ties).
-        """
-        enc = replace(self.config.encoder,
-                      precision=precision or self.config.encoder.precision,
-                      query_batch_size=batch_size or self.config.encoder.query_batch_size)
-        return replace(self, config=replace(self.config, encoder=enc), _encoder=None)
-
-    def encoder(self, cache_dir: str | Path | None = None) -> Encoder:
-        """The query encoder (the index's own model), loaded on first use."""
-        if self._encoder is None:
-            self._encoder = Encoder(self.config.encoder, self.device, cache_dir=cache_dir)
-            if self._encoder.dim != self.passage_emb.shape[1]:
-                raise IndexFormatError(
-                    f"encoder {self.config.encoder.model!r} gives dim {self._encoder.dim}, "
-                    f"the index holds dim {self.passage_emb.shape[1]}")
-        return self._encoder
-
-    @overload
-    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
-                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
-                 query_entities: Sequence[Sequence[str]] | None = ...,
-                 return_seeds: Literal[False] = ...) -> list[list[Hit]]: ...
-
-    @overload
-    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
-                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
-                 query_entities: Sequence[Sequence[str]] | None = ...,
-                 return_seeds: Literal[True]) -> tuple[list[list[Hit]], list[list[Triple]]]: ...
-
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        *,
-        top_k: int = 200,
-        mode: str = "hipporag2",
-        config: RetrievalConfig | None = None,
-        fact_filter: FactFilter | None = None,
-        query_entities: Sequence[Sequence[str]] | None = None,
-        return_seeds: bool = False,
-    ) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
-        """Rank passages for a batch of queries; see hippo_gpu.search.retrieve."""
-        from hippo_gpu.search import retrieve
-
-        return retrieve(self, queries, top_k=top_k, mode=mode, config=config,
-                        fact_filter=fact_filter, query_entities=query_entities,
-                        return_seeds=return_seeds)
 
     def save(self, out_dir: str | Path) -> Path:
         """Write this index to `out_dir` atomically."""
@@ -226,119 +158,6 @@ class Index:
         path = write_index_dir(out_dir, manifest, tensors, tables)
         self.path = path
         return path
-
-
-def build_index(
-    corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]],
-    openie: str | Path | dict[str, Any],
-    out_dir: str | Path | None = None,
-    *,
-    encoder: str | EncoderConfig | None = None,
-    device: str | torch.device = "auto",
-    graph: GraphConfig | None = None,
-    cache_dir: str | Path | None = None,
-    allow_missing_openie: bool = False,
-    show_progress: bool = False,
-) -> Index:
-    """Build the HippoRAG 2 index of `corpus` from its OpenIE output; save it if `out_dir`.
-
-    Args:
-        corpus: corpus JSON path, or passages ({title, text} dicts or Passage objects).
-        openie: OpenIE JSON (v1 or v2 format) path or parsed object.
-        out_dir: where to write the index (atomically), or None to keep it in memory only.
-        encoder: sentence-transformers model name/path, or a full EncoderConfig.
-        device: "auto", "cpu", "cuda": where embedding, kNN and the returned index live.
-        graph: graph construction settings (defaults reproduce upstream).
-        cache_dir: embedding cache root (texts already embedded by the same encoder are reused).
-        allow_missing_openie: index corpus passages the OpenIE file lacks with no triples.
-    """
-    dev = resolve_device(device)
-    enc_cfg = encoder if isinstance(encoder, EncoderConfig) else \
-        EncoderConfig(model=encoder) if encoder else EncoderConfig()
-    config = IndexConfig(encoder=enc_cfg, graph=graph or GraphConfig())
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        timings[name] = round(now - t, 4)
-        t = now
-
-    if isinstance(corpus, (str, Path)):
-        passages = read_corpus(corpus)
-    else:
-        passages = [p if isinstance(p, Passage) else read_corpus([p])[0] for p in corpus]
-    docs, report = read_openie(openie, passages, allow_missing=allow_missing_openie)
-    _log_report(report)
-    lap("read")
-
-    elements = extract_elements(docs)
-    lap("graph_elements")
-
-    enc = Encoder(enc_cfg, dev, cache_dir=cache_dir)
-    lap("load_encoder")
-    desc = (lambda s: s) if show_progress else (lambda s: None)
-    passage_emb = enc.encode([p.content for p in passages], desc=desc("embed passages"))
-    lap("embed_passages")
-    phrase_emb = enc.encode(elements.phrases, desc=desc("embed phrases"))
-    lap("embed_phrases")
-    fact_emb = enc.encode([fact_text(f) for f in elements.facts], desc=desc("embed facts"))
-    lap("embed_facts")
-
-    backend = resolve_knn_backend(config.graph.knn_backend, dev)
-    k = synonym_candidates_k(config.graph, len(elements.phrases))
-    scores, ids = knn(phrase_emb.to(dev) if backend == "torch" else phrase_emb, k, backend=backend)
-    lap("synonym_knn")
-    knn_info: dict[str, Any] = {"backend": backend, "k": k}
-    if backend in APPROXIMATE_BACKENDS:
-        knn_info["recall_vs_exact"] = round(knn_recall(phrase_emb, ids), 4)
-        log.warning("approximate synonym kNN (%s): recall@%d vs exact = %.4f on a sample",
-                    backend, k, knn_info["recall_vs_exact"])
-    synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
-    graph_out = build_graph(elements, synonyms, config.graph)
-    lap("adjacency")
-
-    counts = dict(graph_out.counts)
-    counts["synonym_pairs"] = int(len(synonyms.src))
-    index = Index(
-        config=config,
-        adjacency=graph_out.adjacency,
-        passage_nodes=graph_out.passage_nodes,
-        passage_keys=[p.key for p in passages],
-        passage_titles=[p.title for p in passages],
-        passage_texts=[p.content for p in passages],
-        phrases=elements.phrases,
-        facts=elements.facts,
-        fact_phrases=torch.from_numpy(elements.fact_phrases),
-        phrase_passage_counts=torch.from_numpy(phrase_passage_counts(elements).astype(np.int64)),
-        incidence_phrase=torch.from_numpy(elements.passage_phrase_phrase),
-        incidence_passage=torch.from_numpy(elements.passage_phrase_passage),
-        passage_emb=passage_emb,
-        phrase_emb=phrase_emb,
-        fact_emb=fact_emb,
-        counts=counts,
-        report={**report.as_dict(), "synonym_knn": knn_info},
-        timings=timings,
-        _encoder=enc,  # the query encoder is the build encoder: no second load
-    )
-    if out_dir is not None:
-        index.save(out_dir)
-        lap("save")
-    index.timings = timings
-    return index.to(dev) if dev.type != "cpu" else index
-
-
-def _log_report(report: OpenIEReport) -> None:
-    bad = sum(report.malformed_triples.values())
-    if bad:
-        log.warning("skipped %d malformed triple(s): %s", bad, dict(report.malformed_triples))
-    if report.passages_without_triples:
-        log.warning("%d passage(s) have no triples (they become isolated passage nodes)",
-                    report.passages_without_triples)
-    if report.missing_passages:
-        log.warning("%d passage(s) missing from the OpenIE file were indexed without triples",
-                    report.missing_passages)
 
 
 def load_index(

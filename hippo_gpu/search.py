@@ -1,4 +1,7 @@
-"""Batched retrieval: queries -> ranked passages.
+"""Searcher: batched retrieval over one Index, queries -> ranked passages.
+
+A `Searcher` owns the query-time state of one index on one device: the query encoder, the PPR
+solvers and the lookup tables they need. The index itself stays plain data.
 
 All per-query work is batched tensor work: one encoder call per instruction type, one GEMM for
 queries x facts and one for queries x passages, `torch.topk` for candidate facts, scatter-adds for
@@ -19,18 +22,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol, overload
 
 import torch
 from torch import Tensor
 
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
+from hippo_gpu.embed import Encoder
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.index import Index
+from hippo_gpu.ppr import PPRSolver
+from hippo_gpu.store import IndexFormatError
 
-if TYPE_CHECKING:
-    from hippo_gpu.index import Index
+__all__ = [
+    "FactFilter",
+    "FilterResult",
+    "Hit",
+    "Ranking",
+    "Searcher",
+    "minmax_rows",
+    "ranks_of",
+    "reset_vectors",
+    "topk_stable",
+]
 
 
 @dataclass(frozen=True)
@@ -41,19 +58,11 @@ class Hit:
     title: str
     score: float
     rank: int  # 0-based position in the ranking
-
-
-@dataclass
-class FilterOutcome:
-    """What a recognition-memory filter kept: per query, indices into its candidate list."""
-
-    kept: list[list[int]]
-    fallbacks: int = 0  # queries whose filter call failed (they keep nothing)
-    reasons: dict[str, int] = field(default_factory=dict)
+    row: int  # passage row in the index (0..P-1): index.passage_texts[row] is its text
 
 
 class FilterResult(Protocol):
-    """What retrieval reads of a filter's answer (FilterOutcome or any object alike)."""
+    """What retrieval reads of a filter's answer (hippo_gpu.llm.filter.FilterOutcome or alike)."""
 
     kept: list[list[int]]
     fallbacks: int
@@ -95,28 +104,6 @@ def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     v = vals.gather(1, by_idx.indices)
     by_val = torch.sort(v, dim=1, descending=True, stable=True)
     return by_val.values, by_idx.values.gather(1, by_val.indices)
-
-
-def encode_queries(index: Index, queries: list[str],
-                   query_emb: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Query vectors for passages and for facts ([Q, D] each, on the index device).
-
-    One encoder call when both purposes share an instruction (then the two are the same
-    tensor); `query_emb` supplies precomputed vectors in that case.
-    """
-    dev = index.device
-    instructions = index.config.encoder.query_instructions
-    same = instructions.get("query_to_fact", "") == instructions.get("query_to_passage", "")
-    if query_emb is not None:
-        if not same:
-            raise ValueError("query_emb needs one instruction for facts and passages")
-        if query_emb.shape != (len(queries), index.passage_emb.shape[1]):
-            raise ValueError(f"query_emb must be [{len(queries)}, {index.passage_emb.shape[1]}]")
-        e_pass = query_emb.to(dev)
-    else:
-        e_pass = index.encoder().encode_queries(queries, "query_to_passage").to(dev)
-    e_fact = e_pass if same else index.encoder().encode_queries(queries, "query_to_fact").to(dev)
-    return e_pass, e_fact
 
 
 def ranks_of(scores: Tensor) -> Tensor:
@@ -194,26 +181,6 @@ def reset_vectors(index: Index, cand_rows: Tensor, cand_scores: Tensor, kept: Te
     return seeds
 
 
-def _solver(index: Index, cfg: RetrievalConfig, *, phrase_graph: bool = False):
-    from hippo_gpu.ppr import PPRSolver
-
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method)
-    solver = index._cache.get(key)
-    if solver is None:
-        if phrase_graph:
-            m = len(index.phrases)
-            adj = _leading_block(index.adjacency, m)
-            solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                               method="iterate")
-        else:
-            solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
-                               target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
-                               method=cfg.ppr_method)
-        index._cache[key] = solver
-    return solver
-
-
 def _leading_block(adj: Tensor, m: int) -> Tensor:
     """adj[:m, :m] of a sparse CSR matrix (the phrase-only graph: phrase rows come first)."""
     coo = adj.to_sparse_coo().coalesce()
@@ -224,59 +191,6 @@ def _leading_block(adj: Tensor, m: int) -> Tensor:
     return sub.coalesce().to_sparse_csr()
 
 
-def retrieve(
-    index: Index,
-    queries: Sequence[str],
-    *,
-    top_k: int = 200,
-    mode: str = "hipporag2",
-    config: RetrievalConfig | None = None,
-    fact_filter: FactFilter | None = None,
-    query_entities: Sequence[Sequence[str]] | None = None,
-    return_seeds: bool = False,
-) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
-    """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
-
-    With `return_seeds=True` returns (hits, seed facts per query): the facts whose phrases
-    seeded PPR (empty for dense answers and the hipporag1 mode).
-
-    Args:
-        index: a loaded index.
-        queries: Q query strings.
-        mode: "hipporag2" (parity), "hybrid", "dense" or "hipporag1".
-        config: retrieval settings (defaults reproduce upstream).
-        fact_filter: hipporag2/hybrid only: recognition-memory filter over candidate facts
-            (default: keep the top linking_top_k facts, i.e. no filter).
-        query_entities: hipporag1 only: named entities of each query.
-    """
-    ranking = rank(index, queries, top_k=top_k, mode=mode, config=config,
-                   fact_filter=fact_filter, query_entities=query_entities)
-    hits = to_hits(index, ranking)
-    if not return_seeds:
-        return hits
-    return hits, seed_facts(index, ranking)
-
-
-def seed_facts(index: Index, ranking: Ranking) -> list[list[Triple]]:
-    """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
-    if ranking.seed_facts is None:
-        return [[] for _ in range(ranking.passage_rows.shape[0])]
-    rows = torch.where(ranking.dense_fallback.unsqueeze(1).to(ranking.seed_facts.device),
-                       torch.full_like(ranking.seed_facts, -1), ranking.seed_facts)
-    return [[index.facts[j] for j in row if j >= 0] for row in rows.cpu().tolist()]
-
-
-def to_hits(index: Index, ranking: Ranking) -> list[list[Hit]]:
-    rows = ranking.passage_rows.cpu().tolist()
-    scores = ranking.scores.double().cpu().tolist()
-    keys, titles = index.passage_keys, index.passage_titles
-    return [
-        [Hit(key=keys[r], title=titles[r], score=s, rank=i)
-         for i, (r, s) in enumerate(zip(rr, ss))]
-        for rr, ss in zip(rows, scores)
-    ]
-
-
 def _check_queries(queries: Sequence[str]) -> list[str]:
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings, not one string")
@@ -285,127 +199,6 @@ def _check_queries(queries: Sequence[str]) -> list[str]:
         if not isinstance(q, str):
             raise TypeError(f"queries[{i}] is {type(q).__name__}, expected str")
     return out
-
-
-def rank(
-    index: Index,
-    queries: Sequence[str],
-    *,
-    top_k: int = 200,
-    mode: str = "hipporag2",
-    config: RetrievalConfig | None = None,
-    fact_filter: FactFilter | None = None,
-    query_entities: Sequence[Sequence[str]] | None = None,
-    query_emb: Tensor | None = None,
-) -> Ranking:
-    """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
-
-    `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
-    vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
-    """
-    cfg = config or RetrievalConfig()
-    queries = _check_queries(queries)
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    q = len(queries)
-    p = len(index.passage_keys)
-    dev = index.device
-    if q == 0 or p == 0:
-        empty = torch.zeros((q, 0), dtype=torch.int64, device=dev)
-        return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
-    clock = _Clock(dev)
-
-    if mode == "hipporag1":
-        return _rank_hipporag1(index, queries, query_entities, top_k, cfg, clock)
-
-    e_pass, e_fact = encode_queries(index, queries, query_emb)  # [Q, D] each
-    clock.lap("encode")
-
-    cos = (e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
-    dense = minmax_rows(cos)
-    clock.lap("dense")
-    if mode == "dense":
-        scores, rows = topk_stable(dense, top_k)
-        clock.lap("rank")
-        return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
-
-    hybrid = mode == "hybrid"
-    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-    f = len(index.facts)
-    if f == 0:  # no facts at all: upstream answers with the dense ranking
-        scores, rows = topk_stable(dense, top_k)
-        return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
-    fact_scores = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).float()  # [Q, F]
-    cand_scores, cand_rows = topk_stable(fact_scores, link_k)  # [Q, L]
-    clock.lap("facts")
-
-    kept = torch.ones_like(cand_rows, dtype=torch.bool)
-    outcome = None
-    if fact_filter is not None:
-        outcome = _apply_filter(index, queries, cand_rows, fact_filter)
-        kept = _kept_mask(outcome, cand_rows.shape, link_k).to(dev)
-        clock.lap("filter")
-    fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
-
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    seeds = reset_vectors(index, cand_rows, cand_scores, kept, cos, cfg, hybrid=hybrid,
-                          dtype=dtype)  # [N, Q]
-    seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
-    clock.lap("seeds")
-
-    ppr = _solver(index, cfg)(seeds).T  # [Q, P] raw PPR probabilities at passage nodes
-    clock.lap("ppr")
-
-    if hybrid:
-        final = _hybrid_fusion(index, queries, query_entities, ppr.float(), cos, cfg)
-        clock.lap("entities")
-    else:
-        final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
-    final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
-    scores, rows = topk_stable(final, top_k)
-    clock.lap("rank")
-    seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
-    return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
-
-
-def _hybrid_fusion(index: Index, queries: list[str],
-                   query_entities: Sequence[Sequence[str]] | None, ppr: Tensor, cos: Tensor,
-                   cfg: RetrievalConfig) -> Tensor:
-    """Weighted reciprocal-rank fusion of three rankings of the passages ([Q, P] each):
-
-        score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
-                + e / (k + rank_entity)
-
-    with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
-    entity ranking is HippoRAG 1's (entity_scores) from `query_entities`, or from capitalised
-    spans of the query when none are given; passages it scores 0 rank last, and a query with no
-    entity uses its dense ranking there.
-    """
-    w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
-    rank_dense = ranks_of(cos)
-    final = (1 - e) * w / (k + ranks_of(ppr)) + (1 - e) * (1 - w) / (k + rank_dense)
-    if e > 0:
-        if query_entities is None:
-            query_entities = heuristic_entities(queries)
-        _check_entities(queries, query_entities)
-        doc, has_ent = entity_scores(index, query_entities, cfg)
-        rank_ent = ranks_of(doc).masked_fill(doc <= 0, float(doc.shape[1]))
-        rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
-        final = final + e / (k + rank_ent)
-    return final
-
-
-def _apply_filter(index: Index, queries: list[str], cand_rows: Tensor,
-                  fact_filter: FactFilter) -> FilterResult:
-    facts = index.facts
-    candidates = [[facts[j] for j in row] for row in cand_rows.cpu().tolist()]
-    outcome = fact_filter(queries, candidates)
-    if len(outcome.kept) != len(queries):
-        raise ValueError(
-            f"fact filter returned {len(outcome.kept)} rows for {len(queries)} queries")
-    return outcome
 
 
 def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
@@ -426,76 +219,6 @@ def _check_entities(queries: list[str], query_entities: Sequence[Sequence[str]])
             raise TypeError(f"query_entities[{i}] must be a list of strings")
 
 
-def entity_scores(index: Index, query_entities: Sequence[Sequence[str]],
-                  cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
-    """HippoRAG 1 passage scores from query entities.
-
-    Each entity is linked to the phrase equal to its lower-cased text, else to its nearest
-    phrase by cosine (as upstream v1); the phrase gets reset weight
-    1 / |passages containing it| (node specificity); PPR runs on the phrase-only graph; a
-    passage scores the sum of its phrases' PPR, min-max normalised per query.
-
-    Returns:
-        scores: [Q, P] float32 (rows of queries without entities are zero).
-        has_entities: [Q] bool.
-    """
-    dev = index.device
-    q, m, p = len(query_entities), len(index.phrases), len(index.passage_keys)
-    owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
-    flat = [e for ents in query_entities for e in ents]
-    has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
-    if not flat or m == 0:
-        return torch.zeros((q, p), device=dev), has_ent
-    # Linking: an entity whose lower-cased text is a phrase links to it without encoding (with
-    # the default, uncased encoder that is exactly the cosine argmax); others go to the nearest
-    # phrase by cosine.
-    row_of = index._cache.get("phrase_row")
-    if row_of is None:
-        row_of = index._cache["phrase_row"] = {ph: i for i, ph in enumerate(index.phrases)}
-    exact = [row_of.get(e.lower(), -1) for e in flat]
-    todo = [i for i, r in enumerate(exact) if r < 0]
-    nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
-    if todo:
-        e_ent = index.encoder().encode([flat[i] for i in todo]).to(dev, index.phrase_emb.dtype)
-        nearest[torch.tensor(todo, device=dev)] = (e_ent @ index.phrase_emb.T).argmax(dim=1)
-    own = torch.tensor(owner, dtype=torch.int64, device=dev)
-    weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, Q]
-    seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
-    has_ent[own] = True
-    seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
-    ppr = _solver(index, cfg, phrase_graph=True)(seeds)  # [M, Q]
-    inc = torch.sparse_coo_tensor(
-        torch.stack([index.incidence_passage, index.incidence_phrase]),
-        torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
-        check_invariants=False,
-    ).to_sparse_csr()
-    doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
-    return doc * has_ent.unsqueeze(1), has_ent
-
-
-def _rank_hipporag1(index: Index, queries: list[str],
-                    query_entities: Sequence[Sequence[str]] | None, top_k: int,
-                    cfg: RetrievalConfig, clock: _Clock) -> Ranking:
-    """HippoRAG 1 ranking (see entity_scores); queries without entities get the dense one."""
-    if query_entities is None:
-        raise ValueError(
-            "mode 'hipporag1' needs the named entities of each query: pass query_entities "
-            "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
-            "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
-    _check_entities(queries, query_entities)
-    e_pass, _ = encode_queries(index, queries)
-    dense = minmax_rows(e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()
-    clock.lap("encode")
-    doc, has_ent = entity_scores(index, query_entities, cfg)
-    clock.lap("ppr")
-    final = torch.where(has_ent.unsqueeze(1), doc, dense)
-    scores, rows = topk_stable(final, top_k)
-    clock.lap("rank")
-    return Ranking(rows, scores, clock.seconds, ~has_ent)
-
-
 class _Clock:
     """Stage timer (synchronises CUDA so each stage is charged its own work)."""
 
@@ -512,14 +235,358 @@ class _Clock:
         self.t = now
 
 
-def hipporag2_reset_vectors(index: Index, queries: Sequence[str],
-                            config: RetrievalConfig | None = None) -> Tensor:
-    """The [N, Q] float64 HippoRAG 2 reset vectors of `queries` (for PPR benchmarks/tests)."""
-    cfg = config or RetrievalConfig()
-    queries = _check_queries(queries)
-    e, e_fact = encode_queries(index, queries)
-    cos = (e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
-    fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
-    cs, cr = topk_stable(fs, cfg.linking_top_k)
-    kept = torch.ones_like(cr, dtype=torch.bool)
-    return reset_vectors(index, cr, cs, kept, cos, cfg, dtype=torch.float64)
+class Searcher:
+    """Answers batches of queries over one `Index`, on the index's device.
+
+    Owns the query-time state: the query encoder (loaded on first use), the PPR solvers (one per
+    graph and setting, built on first use) and lookup tables. Build one per index and device and
+    reuse it: the first query pays for the encoder load and the solver build.
+
+    Args:
+        index: the index to search (its device is the searcher's device).
+        config: default retrieval settings (defaults reproduce upstream); `rank`/`retrieve`
+            accept a per-call override.
+        query_precision: query encoder precision (default: the index's encoder precision).
+        query_batch_size: query encoder batch size (default: the index's encoder setting).
+        encoder: an already loaded query encoder of the index's model to reuse.
+        cache_dir: embedding cache for the encoder (queries are not cached; entity texts are).
+    """
+
+    def __init__(self, index: Index, config: RetrievalConfig | None = None, *,
+                 query_precision: str | None = None, query_batch_size: int | None = None,
+                 encoder: Encoder | None = None, cache_dir: str | Path | None = None) -> None:
+        self.index = index
+        self.config = config or RetrievalConfig()
+        enc = self.index.config.encoder
+        self.encoder_config = replace(
+            enc, precision=query_precision or enc.precision,
+            query_batch_size=query_batch_size or enc.query_batch_size)
+        self._query_encoder = encoder
+        self._cache_dir = cache_dir
+        self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.index.device
+
+    @property
+    def encoder(self) -> Encoder:
+        """The query encoder (the index's own model), loaded on first use."""
+        if self._query_encoder is None:
+            enc = Encoder(self.encoder_config, self.device, cache_dir=self._cache_dir)
+            if enc.dim != self.index.passage_emb.shape[1]:
+                raise IndexFormatError(
+                    f"encoder {self.encoder_config.model!r} gives dim {enc.dim}, "
+                    f"the index holds dim {self.index.passage_emb.shape[1]}")
+            self._query_encoder = enc
+        return self._query_encoder
+
+    def warm_up(self, modes: Sequence[str] = ("dense", "hipporag2")) -> None:
+        """Load the encoder and build the solvers now, so the first real query does not wait."""
+        for mode in modes:
+            if mode != "hipporag1":
+                self.rank(["warm-up query"], top_k=1, mode=mode)
+
+    def encode_queries(self, queries: list[str],
+                       query_emb: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Query vectors for passages and for facts ([Q, D] each, on the index device).
+
+        One encoder call when both purposes share an instruction (then the two are the same
+        tensor); `query_emb` supplies precomputed vectors in that case.
+        """
+        index = self.index
+        dev = index.device
+        instructions = index.config.encoder.query_instructions
+        same = instructions.get("query_to_fact", "") == instructions.get("query_to_passage", "")
+        if query_emb is not None:
+            if not same:
+                raise ValueError("query_emb needs one instruction for facts and passages")
+            if query_emb.shape != (len(queries), index.passage_emb.shape[1]):
+                raise ValueError(
+                    f"query_emb must be [{len(queries)}, {index.passage_emb.shape[1]}]")
+            e_pass = query_emb.to(dev)
+        else:
+            e_pass = self.encoder.encode_queries(queries, "query_to_passage").to(dev)
+        e_fact = e_pass if same else self.encoder.encode_queries(queries, "query_to_fact").to(dev)
+        return e_pass, e_fact
+
+    def _solver(self, cfg: RetrievalConfig, *, phrase_graph: bool = False) -> PPRSolver:
+        """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
+        index = self.index
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method)
+        solver = self._solvers.get(key)
+        if solver is None:
+            if phrase_graph:
+                m = len(index.phrases)
+                adj = _leading_block(index.adjacency, m)
+                solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
+                                   method="iterate")
+            else:
+                solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
+                                   target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
+                                   method=cfg.ppr_method)
+            self._solvers[key] = solver
+        return solver
+
+    @overload
+    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
+                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
+                 query_entities: Sequence[Sequence[str]] | None = ...,
+                 return_seeds: Literal[False] = ...) -> list[list[Hit]]: ...
+
+    @overload
+    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
+                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
+                 query_entities: Sequence[Sequence[str]] | None = ...,
+                 return_seeds: Literal[True]) -> tuple[list[list[Hit]], list[list[Triple]]]: ...
+
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 200,
+        mode: str = "hipporag2",
+        config: RetrievalConfig | None = None,
+        fact_filter: FactFilter | None = None,
+        query_entities: Sequence[Sequence[str]] | None = None,
+        return_seeds: bool = False,
+    ) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
+        """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
+
+        With `return_seeds=True` returns (hits, seed facts per query): the facts whose phrases
+        seeded PPR (empty for dense answers and the hipporag1 mode).
+
+        Args:
+            queries: Q query strings.
+            mode: "hipporag2" (parity), "hybrid", "dense" or "hipporag1".
+            config: retrieval settings (default: the searcher's `config`).
+            fact_filter: hipporag2/hybrid only: recognition-memory filter over candidate facts
+                (default: keep the top linking_top_k facts, i.e. no filter).
+            query_entities: hipporag1 only: named entities of each query.
+        """
+        ranking = self.rank(queries, top_k=top_k, mode=mode, config=config,
+                            fact_filter=fact_filter, query_entities=query_entities)
+        hits = self.to_hits(ranking)
+        if not return_seeds:
+            return hits
+        return hits, self.seed_facts(ranking)
+
+    def seed_facts(self, ranking: Ranking) -> list[list[Triple]]:
+        """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
+        if ranking.seed_facts is None:
+            return [[] for _ in range(ranking.passage_rows.shape[0])]
+        rows = torch.where(ranking.dense_fallback.unsqueeze(1).to(ranking.seed_facts.device),
+                           torch.full_like(ranking.seed_facts, -1), ranking.seed_facts)
+        return [[self.index.facts[j] for j in row if j >= 0] for row in rows.cpu().tolist()]
+
+    def to_hits(self, ranking: Ranking) -> list[list[Hit]]:
+        rows = ranking.passage_rows.cpu().tolist()
+        scores = ranking.scores.double().cpu().tolist()
+        keys, titles = self.index.passage_keys, self.index.passage_titles
+        return [
+            [Hit(key=keys[r], title=titles[r], score=s, rank=i, row=r)
+             for i, (r, s) in enumerate(zip(rr, ss))]
+            for rr, ss in zip(rows, scores)
+        ]
+
+    def rank(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 200,
+        mode: str = "hipporag2",
+        config: RetrievalConfig | None = None,
+        fact_filter: FactFilter | None = None,
+        query_entities: Sequence[Sequence[str]] | None = None,
+        query_emb: Tensor | None = None,
+    ) -> Ranking:
+        """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
+
+        `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
+        vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
+        """
+        index = self.index
+        cfg = config or self.config
+        queries = _check_queries(queries)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        q = len(queries)
+        p = len(index.passage_keys)
+        dev = index.device
+        if q == 0 or p == 0:
+            empty = torch.zeros((q, 0), dtype=torch.int64, device=dev)
+            return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
+        clock = _Clock(dev)
+
+        if mode == "hipporag1":
+            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock)
+
+        e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
+        clock.lap("encode")
+
+        cos = (e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
+        dense = minmax_rows(cos)
+        clock.lap("dense")
+        if mode == "dense":
+            scores, rows = topk_stable(dense, top_k)
+            clock.lap("rank")
+            return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
+
+        hybrid = mode == "hybrid"
+        link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
+        f = len(index.facts)
+        if f == 0:  # no facts at all: upstream answers with the dense ranking
+            scores, rows = topk_stable(dense, top_k)
+            return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
+        # [Q, F] min-max normalised query-fact cosine
+        fact_scores = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).float()
+        cand_scores, cand_rows = topk_stable(fact_scores, link_k)  # [Q, L]
+        clock.lap("facts")
+
+        kept = torch.ones_like(cand_rows, dtype=torch.bool)
+        outcome = None
+        if fact_filter is not None:
+            outcome = self._apply_filter(queries, cand_rows, fact_filter)
+            kept = _kept_mask(outcome, cand_rows.shape, link_k).to(dev)
+            clock.lap("filter")
+        fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
+
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        seeds = reset_vectors(self.index, cand_rows, cand_scores, kept, cos, cfg, hybrid=hybrid,
+                              dtype=dtype)  # [N, Q]
+        seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
+        clock.lap("seeds")
+
+        ppr = self._solver(cfg)(seeds).T  # [Q, P] raw PPR probabilities at passage nodes
+        clock.lap("ppr")
+
+        if hybrid:
+            final = self._hybrid_fusion(queries, query_entities, ppr.float(), cos, cfg)
+            clock.lap("entities")
+        else:
+            final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
+        final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
+        scores, rows = topk_stable(final, top_k)
+        clock.lap("rank")
+        seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
+        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
+
+    def _hybrid_fusion(self, queries: list[str],
+                       query_entities: Sequence[Sequence[str]] | None, ppr: Tensor, cos: Tensor,
+                       cfg: RetrievalConfig) -> Tensor:
+        """Weighted reciprocal-rank fusion of three rankings of the passages ([Q, P] each):
+
+            score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
+                    + e / (k + rank_entity)
+
+        with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
+        entity ranking is HippoRAG 1's (entity_scores) from `query_entities`, or from capitalised
+        spans of the query when none are given; passages it scores 0 rank last, and a query with no
+        entity uses its dense ranking there.
+        """
+        w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
+        rank_dense = ranks_of(cos)
+        final = (1 - e) * w / (k + ranks_of(ppr)) + (1 - e) * (1 - w) / (k + rank_dense)
+        if e > 0:
+            if query_entities is None:
+                query_entities = heuristic_entities(queries)
+            _check_entities(queries, query_entities)
+            doc, has_ent = self.entity_scores(query_entities, cfg)
+            rank_ent = ranks_of(doc).masked_fill(doc <= 0, float(doc.shape[1]))
+            rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
+            final = final + e / (k + rank_ent)
+        return final
+
+    def _apply_filter(self, queries: list[str], cand_rows: Tensor,
+                      fact_filter: FactFilter) -> FilterResult:
+        facts = self.index.facts
+        candidates = [[facts[j] for j in row] for row in cand_rows.cpu().tolist()]
+        outcome = fact_filter(queries, candidates)
+        if len(outcome.kept) != len(queries):
+            raise ValueError(
+                f"fact filter returned {len(outcome.kept)} rows for {len(queries)} queries")
+        return outcome
+
+    def entity_scores(self, query_entities: Sequence[Sequence[str]],
+                      cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+        """HippoRAG 1 passage scores from query entities.
+
+        Each entity is linked to the phrase equal to its lower-cased text, else to its nearest
+        phrase by cosine (as upstream v1); the phrase gets reset weight
+        1 / |passages containing it| (node specificity); PPR runs on the phrase-only graph; a
+        passage scores the sum of its phrases' PPR, min-max normalised per query.
+
+        Returns:
+            scores: [Q, P] float32 (rows of queries without entities are zero).
+            has_entities: [Q] bool.
+        """
+        index = self.index
+        dev = index.device
+        q, m, p = len(query_entities), len(index.phrases), len(index.passage_keys)
+        owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
+        flat = [e for ents in query_entities for e in ents]
+        has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
+        if not flat or m == 0:
+            return torch.zeros((q, p), device=dev), has_ent
+        # Linking: an entity whose lower-cased text is a phrase links to it without encoding (with
+        # the default, uncased encoder that is exactly the cosine argmax); others go to the nearest
+        # phrase by cosine.
+        row_of = index.row_of_phrase
+        exact = [row_of.get(e.lower(), -1) for e in flat]
+        todo = [i for i, r in enumerate(exact) if r < 0]
+        nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
+        if todo:
+            e_ent = self.encoder.encode([flat[i] for i in todo]).to(dev, index.phrase_emb.dtype)
+            nearest[torch.tensor(todo, device=dev)] = (e_ent @ index.phrase_emb.T).argmax(dim=1)
+        own = torch.tensor(owner, dtype=torch.int64, device=dev)
+        weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, Q]
+        seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
+        has_ent[own] = True
+        seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
+        ppr = self._solver(cfg, phrase_graph=True)(seeds)  # [M, Q]
+        inc = torch.sparse_coo_tensor(
+            torch.stack([index.incidence_passage, index.incidence_phrase]),
+            torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
+            check_invariants=False,
+        ).to_sparse_csr()
+        doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
+        return doc * has_ent.unsqueeze(1), has_ent
+
+    def _rank_hipporag1(self, queries: list[str],
+                        query_entities: Sequence[Sequence[str]] | None, top_k: int,
+                        cfg: RetrievalConfig, clock: _Clock) -> Ranking:
+        """HippoRAG 1 ranking (see entity_scores); queries without entities get the dense one."""
+        if query_entities is None:
+            raise ValueError(
+                "mode 'hipporag1' needs the named entities of each query: pass query_entities "
+                "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
+                "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
+        _check_entities(queries, query_entities)
+        e_pass, _ = self.encode_queries(queries)
+        passage_emb = self.index.passage_emb
+        dense = minmax_rows(e_pass.to(passage_emb.dtype) @ passage_emb.T).float()
+        clock.lap("encode")
+        doc, has_ent = self.entity_scores(query_entities, cfg)
+        clock.lap("ppr")
+        final = torch.where(has_ent.unsqueeze(1), doc, dense)
+        scores, rows = topk_stable(final, top_k)
+        clock.lap("rank")
+        return Ranking(rows, scores, clock.seconds, ~has_ent)
+
+    def hipporag2_reset_vectors(self, queries: Sequence[str],
+                                config: RetrievalConfig | None = None) -> Tensor:
+        """The [N, Q] float64 HippoRAG 2 reset vectors of `queries` (for PPR benchmarks/tests)."""
+        index = self.index
+        cfg = config or self.config
+        queries = _check_queries(queries)
+        e, e_fact = self.encode_queries(queries)
+        cos = (e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
+        fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
+        cs, cr = topk_stable(fs, cfg.linking_top_k)
+        kept = torch.ones_like(cr, dtype=torch.bool)
+        return reset_vectors(self.index, cr, cs, kept, cos, cfg, dtype=torch.float64)

@@ -42,6 +42,20 @@ def sample_index(sample_index_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def sample_searcher(sample_index):
+    from hippo_gpu import Searcher
+
+    return Searcher(sample_index)
+
+
+@pytest.fixture(scope="session")
+def musique_searcher(musique_index):
+    from hippo_gpu import Searcher
+
+    return Searcher(musique_index)
+
+
+@pytest.fixture(scope="session")
 def musique_index(tmp_path_factory: pytest.TempPathFactory):
     """musique_train indexed with the default encoder (float32): ~3-4 min on 2 cores."""
     from hippo_gpu import build_index

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from hippo_gpu.batcher import (
+from hippo_gpu.serve.batcher import (
     BatcherClosedError,
     BatcherConfig,
     BatchOutputError,

@@ -36,7 +36,7 @@ def test_paraphrase_is_deterministic_and_variant_major(bench):
         bench.paraphrase(qs, 11)
 
 
-def test_benchmark_runs_on_sample(bench, sample_index, tmp_path):
+def test_benchmark_runs_on_sample(bench, sample_index, sample_searcher, tmp_path):
     from hippo_gpu.data import read_questions
     from hippo_gpu.sample import paths, sample_dir
 
@@ -75,7 +75,7 @@ def test_benchmark_runs_on_sample(bench, sample_index, tmp_path):
     assert record["agreement"]["top10_set"] == 1.0
     # recall is batch-size independent and equals the evaluation harness's figures
     questions = read_questions(paths()["questions"])
-    want = {m: evaluate_mode(sample_index, questions, m).recall
+    want = {m: evaluate_mode(sample_searcher, questions, m).recall
             for m in ("hipporag2", "dense", "hybrid")}
     for r in ours:
         assert r["recall"] == {k: want[r["mode"]][k] for k in ("2", "5")}, r

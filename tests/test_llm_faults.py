@@ -24,8 +24,8 @@ import pytest
 
 pytest.importorskip("openai")
 
+from hippo_gpu.llm.backends.openai import OpenAIBackend  # noqa: E402
 from hippo_gpu.llm.extract import extract_openie  # noqa: E402
-from hippo_gpu.llm.openai_backend import OpenAIBackend  # noqa: E402
 
 
 def _title(user: str) -> str:
@@ -216,7 +216,7 @@ def test_server_killed_mid_run_rerun_redoes_only_unfinished(tmp_path: Path) -> N
 _CHILD = """
 import sys
 from hippo_gpu.llm.extract import extract_openie
-from hippo_gpu.llm.openai_backend import OpenAIBackend
+from hippo_gpu.llm.backends.openai import OpenAIBackend
 corpus = [{"title": f"P{i:03d}", "text": f"Passage number {i}."} for i in range(int(sys.argv[3]))]
 extract_openie(corpus, OpenAIBackend("fake", sys.argv[1], concurrency=2, timeout=5),
                sys.argv[2] + "/o.json", cache_path=sys.argv[2] + "/c.sqlite", wave_size=4,

@@ -16,9 +16,9 @@ pytest.importorskip("xllamacpp", reason="the local backend needs xllamacpp")
 pytest.importorskip("openai")
 
 from hippo_gpu.llm.backends import BackendUnavailable  # noqa: E402
+from hippo_gpu.llm.backends.llamacpp import LocalBackend, local_model_path  # noqa: E402
 from hippo_gpu.llm.extract import OpenIEConfig, extract_openie  # noqa: E402
 from hippo_gpu.llm.filter import RecognitionMemoryFilter  # noqa: E402
-from hippo_gpu.llm.local import LocalBackend, local_model_path  # noqa: E402
 from hippo_gpu.llm.ner import QueryNER  # noqa: E402
 
 try:
@@ -83,7 +83,8 @@ def test_local_index_and_retrieve(extracted, tmp_path) -> None:
 
     out, _ = extracted
     index = hippo_gpu.build_index(CORPUS, out, tmp_path / "index", device="cpu")
-    hits = index.retrieve(["Which town is near Lake Ohau?"], top_k=2, mode="hipporag2")
+    hits = hippo_gpu.Searcher(index).retrieve(["Which town is near Lake Ohau?"], top_k=2,
+                                              mode="hipporag2")
     assert len(hits) == 1 and len(hits[0]) == 2
     assert {h.title for h in hits[0]} == {"Lake Ohau", "Twizel"}
 

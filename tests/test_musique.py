@@ -6,7 +6,6 @@ import torch
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import read_questions
 from hippo_gpu.evaluate import evaluate_mode
-from hippo_gpu.search import rank
 from tests.conftest import musique_or_skip
 
 pytestmark = pytest.mark.slow
@@ -29,24 +28,24 @@ def questions():
 
 
 @pytest.mark.parametrize("mode", ["dense", "hipporag2"])
-def test_parity_with_official_recall(musique_index, questions, mode):
-    r = evaluate_mode(musique_index, questions, mode, top_k=200)
+def test_parity_with_official_recall(musique_searcher, questions, mode):
+    r = evaluate_mode(musique_searcher, questions, mode, top_k=200)
     for k, want in OFFICIAL[mode].items():
         tol = 0.0 if mode == "dense" else 0.5
         assert abs(r.recall[k] - want) <= tol + 1e-9, (mode, k, r.recall[k], want)
 
 
-def test_hybrid_beats_both_on_musique(musique_index, questions):
+def test_hybrid_beats_both_on_musique(musique_searcher, questions):
     # issue 4's bar on all 100 questions: R@2 >= max(DPR, HippoRAG 2) + 2, R@5 >= HippoRAG 2 + 2
-    r = evaluate_mode(musique_index, questions, "hybrid", top_k=200)
+    r = evaluate_mode(musique_searcher, questions, "hybrid", top_k=200)
     assert r.recall["2"] >= max(OFFICIAL["dense"]["2"], OFFICIAL["hipporag2"]["2"]) + 2
     assert r.recall["5"] >= OFFICIAL["hipporag2"]["5"] + 2
 
 
-def test_float32_top10_matches_float64(musique_index, questions):
+def test_float32_top10_matches_float64(musique_searcher, questions):
     texts = [q.question for q in questions]
-    r64 = rank(musique_index, texts, top_k=10, config=RetrievalConfig(dtype="float64"))
-    r32 = rank(musique_index, texts, top_k=10, config=RetrievalConfig(dtype="float32"))
+    r64 = musique_searcher.rank(texts, top_k=10, config=RetrievalConfig(dtype="float64"))
+    r32 = musique_searcher.rank(texts, top_k=10, config=RetrievalConfig(dtype="float32"))
     same = (r64.passage_rows == r32.passage_rows).all(dim=1).double().mean().item()
     assert same >= 0.99, same
     torch.testing.assert_close(r32.scores.double(), r64.scores, atol=1e-6, rtol=0)

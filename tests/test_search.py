@@ -6,13 +6,8 @@ import pytest
 import torch
 
 from hippo_gpu.config import RetrievalConfig
-from hippo_gpu.search import (
-    FilterOutcome,
-    hipporag2_reset_vectors,
-    minmax_rows,
-    rank,
-    topk_stable,
-)
+from hippo_gpu.llm.filter import FilterOutcome
+from hippo_gpu.search import Searcher, minmax_rows, topk_stable
 from tests.reference import dense_ppr
 
 QUERIES = [
@@ -29,7 +24,7 @@ def _minmax(x):
 
 def reference_reset(index, query, link_k=5, pass_w=0.05):
     """One query, step by step, as upstream does it (§3.3.1-6)."""
-    e = index.encoder().encode_queries([query], "query_to_passage")[0].double().numpy()
+    e = Searcher(index).encoder.encode_queries([query], "query_to_passage")[0].double().numpy()
     facts = _minmax(index.fact_emb.double().numpy() @ e)
     cand = sorted(range(len(facts)), key=lambda j: (-facts[j], j))[:link_k]
     w, n = {}, {}
@@ -48,17 +43,17 @@ def reference_reset(index, query, link_k=5, pass_w=0.05):
     return reset, dense
 
 
-def test_reset_vectors_match_reference(sample_index):
-    got = hipporag2_reset_vectors(sample_index, QUERIES).numpy()
+def test_reset_vectors_match_reference(sample_index, sample_searcher):
+    got = sample_searcher.hipporag2_reset_vectors(QUERIES).numpy()
     for qi, q in enumerate(QUERIES):
         want, _ = reference_reset(sample_index, q)
         np.testing.assert_allclose(got[:, qi], want, atol=1e-6)
         assert 1 <= np.count_nonzero(got[: len(sample_index.phrases), qi]) <= 5
 
 
-def test_hipporag2_ranking_matches_reference_ppr(sample_index):
+def test_hipporag2_ranking_matches_reference_ppr(sample_index, sample_searcher):
     cfg = RetrievalConfig(dtype="float64", ppr_tol=1e-12)
-    r = rank(sample_index, QUERIES, top_k=30, mode="hipporag2", config=cfg)
+    r = sample_searcher.rank(QUERIES, top_k=30, mode="hipporag2", config=cfg)
     adj = sample_index.adjacency.to_dense().double().numpy()
     for qi, q in enumerate(QUERIES):
         reset, _ = reference_reset(sample_index, q)
@@ -71,8 +66,8 @@ def test_hipporag2_ranking_matches_reference_ppr(sample_index):
         np.testing.assert_allclose(r.scores[qi].numpy(), scores[order], rtol=1e-5, atol=1e-9)
 
 
-def test_dense_mode_is_minmax_cosine_ranking(sample_index):
-    r = rank(sample_index, QUERIES, top_k=5, mode="dense")
+def test_dense_mode_is_minmax_cosine_ranking(sample_index, sample_searcher):
+    r = sample_searcher.rank(QUERIES, top_k=5, mode="dense")
     for qi, q in enumerate(QUERIES):
         _, dense = reference_reset(sample_index, q)
         order = sorted(range(len(dense)), key=lambda j: (-dense[j], j))[:5]
@@ -80,10 +75,10 @@ def test_dense_mode_is_minmax_cosine_ranking(sample_index):
     assert r.dense_fallback.all()
 
 
-def test_batch_composition_does_not_change_results(sample_index):
-    together = sample_index.retrieve(QUERIES, top_k=10)
+def test_batch_composition_does_not_change_results(sample_index, sample_searcher):
+    together = sample_searcher.retrieve(QUERIES, top_k=10)
     for qi, q in enumerate(QUERIES):
-        alone = sample_index.retrieve([q], top_k=10)[0]
+        alone = sample_searcher.retrieve([q], top_k=10)[0]
         assert [h.key for h in alone] == [h.key for h in together[qi]]
         np.testing.assert_allclose([h.score for h in alone], [h.score for h in together[qi]],
                                    rtol=1e-5, atol=1e-7)
@@ -97,59 +92,59 @@ class KeepFirst:
         return FilterOutcome(kept=kept, fallbacks=0)
 
 
-def test_filter_plugs_in_and_empty_filter_falls_back_to_dense(sample_index):
+def test_filter_plugs_in_and_empty_filter_falls_back_to_dense(sample_index, sample_searcher):
     qs = [QUERIES[0], "drop this one: who designed the lighthouse on Skerrow?"]
-    r = rank(sample_index, qs, top_k=30, mode="hipporag2", fact_filter=KeepFirst())
+    r = sample_searcher.rank(qs, top_k=30, mode="hipporag2", fact_filter=KeepFirst())
     assert r.dense_fallback.tolist() == [False, True]
     assert (r.seed_facts[0] >= 0).sum() == 1 and (r.seed_facts[1] >= 0).sum() == 0
-    dense = rank(sample_index, qs[1:], top_k=30, mode="dense")
+    dense = sample_searcher.rank(qs[1:], top_k=30, mode="dense")
     assert r.passage_rows[1].tolist() == dense.passage_rows[0].tolist()
-    unfiltered = rank(sample_index, qs[:1], top_k=30, mode="hipporag2")
+    unfiltered = sample_searcher.rank(qs[:1], top_k=30, mode="hipporag2")
     assert r.passage_rows[0].tolist() != unfiltered.passage_rows[0].tolist() or \
         not torch.allclose(r.scores[0], unfiltered.scores[0])
 
 
-def test_hybrid_and_hipporag1_modes(sample_index):
-    hits = sample_index.retrieve(QUERIES, top_k=4, mode="hybrid")
+def test_hybrid_and_hipporag1_modes(sample_index, sample_searcher):
+    hits = sample_searcher.retrieve(QUERIES, top_k=4, mode="hybrid")
     assert [len(h) for h in hits] == [4, 4, 4]
     assert all(a.score >= b.score for h in hits for a, b in zip(h, h[1:]))
     with pytest.raises(ValueError, match="named entities"):
-        sample_index.retrieve(QUERIES, mode="hipporag1")
+        sample_searcher.retrieve(QUERIES, mode="hipporag1")
     ents = [["tidal clock"], ["Lumen Museum", "Edwin Pell"], []]
-    r = rank(sample_index, QUERIES, top_k=5, mode="hipporag1", query_entities=ents)
+    r = sample_searcher.rank(QUERIES, top_k=5, mode="hipporag1", query_entities=ents)
     assert r.dense_fallback.tolist() == [False, False, True]
     titles = [sample_index.passage_titles[j] for j in r.passage_rows[0].tolist()]
     assert "Tidal clock" in titles[:3]
 
 
-def test_hybrid_entity_part(sample_index):
+def test_hybrid_entity_part(sample_index, sample_searcher):
     from hippo_gpu.entities import heuristic_entities
 
     cfg0 = RetrievalConfig(hybrid_entity_weight=0.0)
     cfg = RetrievalConfig(hybrid_entity_weight=0.4)
-    auto = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg)
-    given = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg,
+    auto = sample_searcher.rank(QUERIES, top_k=30, mode="hybrid", config=cfg)
+    given = sample_searcher.rank(QUERIES, top_k=30, mode="hybrid", config=cfg,
                  query_entities=heuristic_entities(QUERIES))
     assert auto.passage_rows.tolist() == given.passage_rows.tolist()
-    without = rank(sample_index, QUERIES, top_k=30, mode="hybrid", config=cfg0)
+    without = sample_searcher.rank(QUERIES, top_k=30, mode="hybrid", config=cfg0)
     assert auto.passage_rows.tolist() != without.passage_rows.tolist()
     # the entity ranking alone (weight 1) is the hipporag1 ranking where a query has entities
-    only = rank(sample_index, QUERIES[:2], top_k=5, mode="hybrid",
+    only = sample_searcher.rank(QUERIES[:2], top_k=5, mode="hybrid",
                 config=RetrievalConfig(hybrid_entity_weight=1.0),
                 query_entities=[["tidal clock"], ["Lumen Museum"]])
-    v1 = rank(sample_index, QUERIES[:2], top_k=5, mode="hipporag1",
+    v1 = sample_searcher.rank(QUERIES[:2], top_k=5, mode="hipporag1",
               query_entities=[["tidal clock"], ["Lumen Museum"]])
     assert only.passage_rows.tolist() == v1.passage_rows.tolist()
 
 
-def test_bad_arguments(sample_index):
+def test_bad_arguments(sample_index, sample_searcher):
     with pytest.raises(ValueError, match="unknown mode"):
-        sample_index.retrieve(QUERIES, mode="magic")
+        sample_searcher.retrieve(QUERIES, mode="magic")
     with pytest.raises(TypeError):
-        sample_index.retrieve("one string")
+        sample_searcher.retrieve("one string")
     with pytest.raises(ValueError, match="top_k"):
-        sample_index.retrieve(QUERIES, top_k=0)
-    assert sample_index.retrieve([], top_k=3) == []
+        sample_searcher.retrieve(QUERIES, top_k=0)
+    assert sample_searcher.retrieve([], top_k=3) == []
 
 
 def test_minmax_and_stable_topk():
@@ -159,10 +154,10 @@ def test_minmax_and_stable_topk():
     assert idx.tolist() == [[1, 2, 4]] and vals.tolist() == [[2.0, 2.0, 2.0]]
 
 
-def test_closed_form_ppr_gives_the_iterative_ranking(sample_index):
-    it = rank(sample_index, QUERIES, top_k=30,
+def test_closed_form_ppr_gives_the_iterative_ranking(sample_index, sample_searcher):
+    it = sample_searcher.rank(QUERIES, top_k=30,
               config=RetrievalConfig(dtype="float64", ppr_method="iterate", ppr_tol=1e-12))
-    cf = rank(sample_index, QUERIES, top_k=30,
+    cf = sample_searcher.rank(QUERIES, top_k=30,
               config=RetrievalConfig(dtype="float64", ppr_method="closed_form"))
     assert cf.passage_rows.tolist() == it.passage_rows.tolist()
     torch.testing.assert_close(cf.scores, it.scores, atol=1e-10, rtol=0)

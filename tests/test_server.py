@@ -1,7 +1,7 @@
 """The query server, end to end: a real uvicorn on 127.0.0.1 over the real sample index.
 
 Every test starts uvicorn on a free loopback port (in a thread, or the CLI in a subprocess) and
-talks to it over HTTP. Served rankings are compared with offline `index.retrieve` on the same
+talks to it over HTTP. Served rankings are compared with offline `Searcher.retrieve` on the same
 index. Where a test needs a request to stay in flight (queue overflow, shutdown), the index is
 wrapped in a gate that holds `retrieve` until the test opens it; the ranking still comes from the
 real index.
@@ -30,8 +30,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 
-from hippo_gpu.batcher import BatcherConfig  # noqa: E402
-from hippo_gpu.server import ServerConfig, create_app  # noqa: E402
+from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
+from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "hippo_gpu" / "sample"
@@ -67,16 +67,16 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def index(index_dir: Path) -> Any:
-    from hippo_gpu import load_index
+def searcher(index_dir: Path) -> Any:
+    from hippo_gpu import Searcher, load_index
 
-    return load_index(index_dir, device="cpu")
+    return Searcher(load_index(index_dir, device="cpu"))
 
 
 @pytest.fixture(scope="module")
-def queries(index: Any) -> list[str]:
-    """The sample question plus one question per passage title (titles are in the index)."""
-    titles = sorted({h.title for hits in index.retrieve(["science"], top_k=50, mode="dense")
+def queries(searcher: Any) -> list[str]:
+    """The sample question plus one question per passage title (titles are in the searcher)."""
+    titles = sorted({h.title for hits in searcher.retrieve(["science"], top_k=50, mode="dense")
                      for h in hits})  # fmt: skip
     return ["Which Stanford University professor works on Alzheimer's?"] + [
         f"What is known about {t}?" for t in titles
@@ -84,35 +84,32 @@ def queries(index: Any) -> list[str]:
 
 
 class Gate:
-    """Wraps the real index; `retrieve` waits until the gate opens (or raises, if told to)."""
+    """Wraps the real searcher; `retrieve` waits until the gate opens (or raises, if told to)."""
 
-    def __init__(self, index: Any, *, raise_error: Exception | None = None) -> None:
-        self._index = index
-        self.passage_keys = index.passage_keys
-        self.passage_texts = index.passage_texts
+    def __init__(self, searcher: Any, *, raise_error: Exception | None = None) -> None:
+        self._searcher = searcher
+        self.index = searcher.index
         self.opened = threading.Event()
         self.entered = threading.Event()
         self.raise_error = raise_error
 
-    def retrieve(self, queries: list[str], *, top_k: int, mode: str) -> Any:
+    def retrieve(self, queries: list[str], *, top_k: int, mode: str, **kw: Any) -> Any:
         self.entered.set()
         assert self.opened.wait(30), "gate never opened"
         if self.raise_error is not None:
             raise self.raise_error
-        return self._index.retrieve(queries, top_k=top_k, mode=mode)
-
-    def stats(self) -> dict[str, Any]:
-        return self._index.stats()
+        return self._searcher.retrieve(queries, top_k=top_k, mode=mode, **kw)
 
 
 @contextmanager
-def serving(index: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
+def serving(searcher: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
     """uvicorn on 127.0.0.1, a free port, in a thread; yields (base URL, server)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(create_app(index, config), log_level="warning", timeout_graceful_shutdown=20)
+        uvicorn.Config(create_app(searcher, config), log_level="warning",
+                       timeout_graceful_shutdown=20)
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -129,15 +126,15 @@ def serving(index: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Ser
         assert not thread.is_alive(), "server thread did not stop"
 
 
-def _offline(index: Any, queries: list[str], top_k: int, mode: str) -> list[list[dict]]:
-    text_of = dict(zip(index.passage_keys, index.passage_texts, strict=True))
+def _offline(searcher: Any, queries: list[str], top_k: int, mode: str) -> list[list[dict]]:
+    text_of = dict(zip(searcher.index.passage_keys, searcher.index.passage_texts, strict=True))
     return [
         [
             {"key": h.key, "title": h.title, "text": text_of[h.key], "score": h.score,
              "rank": h.rank}
             for h in hits
         ]
-        for hits in index.retrieve(queries, top_k=top_k, mode=mode)
+        for hits in searcher.retrieve(queries, top_k=top_k, mode=mode)
     ]  # fmt: skip
 
 
@@ -162,11 +159,11 @@ def _assert_no_leak(body: str, index_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_concurrent_results_equal_offline(index: Any, queries: list[str], mode: str) -> None:
+def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mode: str) -> None:
     try:
-        index.retrieve(queries[:1], top_k=5, mode=mode)
+        searcher.retrieve(queries[:1], top_k=5, mode=mode)
     except (ValueError, NotImplementedError) as e:
-        pytest.skip(f"the index does not serve mode {mode!r} offline here: {e}")
+        pytest.skip(f"the searcher does not serve mode {mode!r} offline here: {e}")
     # Requests of 1-3 queries with two different top_k, sent at once; a 50 ms wait lets them meet.
     requests = []
     for i in range(24):
@@ -179,7 +176,7 @@ def test_concurrent_results_equal_offline(index: Any, queries: list[str], mode: 
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             return await asyncio.gather(*(client.post("/v1/retrieve", json=r) for r in requests))
 
-    with serving(index, config) as (url, _):
+    with serving(searcher, config) as (url, _):
         responses = asyncio.run(send_all(url))
         stats = httpx.get(url + "/v1/stats").json()["batcher"]
 
@@ -187,10 +184,10 @@ def test_concurrent_results_equal_offline(index: Any, queries: list[str], mode: 
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["seeds"] is None
-        offline = _offline(index, req["queries"], req["top_k"], mode)
+        offline = _offline(searcher, req["queries"], req["top_k"], mode)
         assert len(body["results"]) == len(req["queries"])
         for served, expected in zip(body["results"], offline, strict=True):
-            assert len(served) == min(req["top_k"], len(index.passage_keys))
+            assert len(served) == min(req["top_k"], len(searcher.index.passage_keys))
             _assert_same_ranking(served, expected)
     n_queries = sum(len(r["queries"]) for r in requests)
     assert stats["queries_served"] == n_queries
@@ -199,9 +196,9 @@ def test_concurrent_results_equal_offline(index: Any, queries: list[str], mode: 
 
 
 def test_overflow_gets_429_and_queued_requests_still_complete(
-    index: Any, queries: list[str]
+    searcher: Any, queries: list[str]
 ) -> None:
-    gate = Gate(index)
+    gate = Gate(searcher)
     config = ServerConfig(
         BatcherConfig(max_batch=2, max_wait_ms=0, max_queue=3), max_queries_per_request=2
     )
@@ -237,10 +234,10 @@ def test_overflow_gets_429_and_queued_requests_still_complete(
     assert stats["requests_rejected"] == 1
     for q, resp in zip(queries[:4], done, strict=True):
         assert resp.status_code == 200, resp.text
-        _assert_same_ranking(resp.json()["results"][0], _offline(index, [q], 4, "dense")[0])
+        _assert_same_ranking(resp.json()["results"][0], _offline(searcher, [q], 4, "dense")[0])
 
 
-def test_oversized_and_invalid_input(index: Any, index_dir: Path) -> None:
+def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
     config = ServerConfig(max_queries_per_request=4, max_query_chars=100, max_top_k=50)
     cases_413 = [
         {"queries": ["q"] * 5},
@@ -257,7 +254,7 @@ def test_oversized_and_invalid_input(index: Any, index_dir: Path) -> None:
         {"queries": ["q"], "unexpected": True},
         {},
     ]
-    with serving(index, config) as (url, _), httpx.Client(base_url=url) as client:
+    with serving(searcher, config) as (url, _), httpx.Client(base_url=url) as client:
         for body in cases_413:
             r = client.post("/v1/retrieve", json=body)
             assert r.status_code == 413, (body, r.text)
@@ -293,8 +290,8 @@ def test_oversized_and_invalid_input(index: Any, index_dir: Path) -> None:
         )
 
 
-def test_internal_errors_do_not_leak(index: Any, index_dir: Path) -> None:
-    gate = Gate(index, raise_error=RuntimeError(f"failed reading {index_dir}/graph.safetensors"))
+def test_internal_errors_do_not_leak(searcher: Any, index_dir: Path) -> None:
+    gate = Gate(searcher, raise_error=RuntimeError(f"failed reading {index_dir}/graph.safetensors"))
     gate.opened.set()
     with serving(gate, ServerConfig()) as (url, _):
         r = httpx.post(url + "/v1/retrieve", json={"queries": ["q"], "mode": "dense"})
@@ -307,9 +304,9 @@ def test_internal_errors_do_not_leak(index: Any, index_dir: Path) -> None:
         assert stats.json()["batcher"]["requests_failed"] == 1
 
 
-def test_bearer_token(index: Any) -> None:
+def test_bearer_token(searcher: Any) -> None:
     body = {"queries": ["Stanford"], "top_k": 2, "mode": "dense"}
-    with serving(index, ServerConfig(token=TOKEN)) as (url, _), httpx.Client(base_url=url) as c:
+    with serving(searcher, ServerConfig(token=TOKEN)) as (url, _), httpx.Client(base_url=url) as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             r = c.post("/v1/retrieve", json=body, headers=headers)
             assert r.status_code == 401, headers
@@ -324,8 +321,8 @@ def test_bearer_token(index: Any) -> None:
         assert c.get("/readyz").status_code == 200
 
 
-def test_health_ready_stats_docs(index: Any, index_dir: Path) -> None:
-    with serving(index, ServerConfig()) as (url, _), httpx.Client(base_url=url) as c:
+def test_health_ready_stats_docs(searcher: Any, index_dir: Path) -> None:
+    with serving(searcher, ServerConfig()) as (url, _), httpx.Client(base_url=url) as c:
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").json() == {"status": "ready"}
         for _ in range(3):
@@ -334,7 +331,7 @@ def test_health_ready_stats_docs(index: Any, index_dir: Path) -> None:
         assert r.status_code == 200
         _assert_no_leak(r.text, index_dir)
         s = r.json()
-        for k, v in index.stats().items():
+        for k, v in searcher.index.stats().items():
             if isinstance(v, (bool, int, float)):
                 assert s["index"][k] == v
         b = s["batcher"]
@@ -348,24 +345,18 @@ def test_health_ready_stats_docs(index: Any, index_dir: Path) -> None:
         assert {"/v1/retrieve", "/v1/stats", "/healthz", "/readyz"} <= set(spec["paths"])
 
 
-def test_seed_facts_follow_the_index(index: Any) -> None:
-    import inspect
-
-    supports = "return_seeds" in inspect.signature(index.retrieve).parameters
+def test_seed_facts_are_served(searcher: Any) -> None:
     body = {"queries": ["Stanford", "Alzheimer"], "top_k": 3, "mode": "hipporag2",
             "return_seeds": True}  # fmt: skip
-    with serving(index, ServerConfig()) as (url, _):
+    with serving(searcher, ServerConfig()) as (url, _):
         r = httpx.post(url + "/v1/retrieve", json=body, timeout=60)
-    if supports:
-        assert r.status_code == 200, r.text
-        assert len(r.json()["seeds"]) == 2
-    else:
-        assert r.status_code == 422
-        assert "seed facts" in r.json()["detail"]
+    assert r.status_code == 200, r.text
+    _, want = searcher.retrieve(body["queries"], top_k=3, return_seeds=True)
+    assert r.json()["seeds"] == [[list(f) for f in per_query] for per_query in want]
 
 
-def test_shutdown_finishes_in_flight_batches(index: Any, queries: list[str]) -> None:
-    gate = Gate(index)
+def test_shutdown_finishes_in_flight_batches(searcher: Any, queries: list[str]) -> None:
+    gate = Gate(searcher)
     config = ServerConfig(BatcherConfig(max_batch=2, max_wait_ms=0, max_queue=64))
     sent = queries[:6]
 
@@ -400,7 +391,7 @@ def test_shutdown_finishes_in_flight_batches(index: Any, queries: list[str]) -> 
         assert refused, "server still accepting after shutdown"
     for q, r in zip(sent, responses, strict=True):
         assert r.status_code == 200, r.text
-        _assert_same_ranking(r.json()["results"][0], _offline(index, [q], 3, "dense")[0])
+        _assert_same_ranking(r.json()["results"][0], _offline(searcher, [q], 3, "dense")[0])
 
 
 def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: Path) -> None:
@@ -409,7 +400,7 @@ def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: P
         port = s.getsockname()[1]
     env = {**os.environ, "HIPPO_TEST_TOKEN": TOKEN}
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    cmd = [sys.executable, "-m", "hippo_gpu.serve_cli", "--index", str(index_dir),
+    cmd = [sys.executable, "-m", "hippo_gpu.cli", "serve", "--index", str(index_dir),
            "--port", str(port), "--device", "cpu", "--token-env", "HIPPO_TEST_TOKEN",
            "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.data import Passage, read_corpus
+from hippo_gpu.data import Passage, as_passages
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, make_backend
 from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities, parse_triples
@@ -137,15 +137,6 @@ class ExtractReport:
         out["passages_per_s"] = round(self.passages_per_s, 4)
         out["tokens_per_s"] = round(self.tokens_per_s, 2)
         return out
-
-
-def _passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]]) -> list[Passage]:
-    if isinstance(corpus, (str, Path)):
-        return read_corpus(corpus)
-    items = list(corpus)
-    if items and all(isinstance(p, Passage) for p in items):
-        return items  # type: ignore[return-value]
-    return read_corpus(items)  # type: ignore[arg-type]
 
 
 class _Run:
@@ -271,7 +262,7 @@ def extract_openie(
     """
     if wave_size < 1:
         raise ValueError(f"wave_size must be >= 1, got {wave_size}")
-    passages = _passages(corpus)
+    passages = as_passages(corpus)
     out_path = Path(out_path)
     cache_file = Path(cache_path) if cache_path is not None else \
         out_path.with_name(out_path.name + ".cache.sqlite")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json
 from hippo_gpu.llm.cache import LLMCache, cache_key
+from hippo_gpu.llm.llm_step import LLMStep
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, match_facts, parse_triples
 from hippo_gpu.llm.prompts import RECOGNITION_FILTER, triple_schema
-from hippo_gpu.llm.step import LLMStep
 
 Fact = tuple[str, str, str]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion
 from hippo_gpu.llm.cache import LLMCache, cache_key
+from hippo_gpu.llm.llm_step import LLMStep
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities
 from hippo_gpu.llm.prompts import QUERY_NER, entity_schema
-from hippo_gpu.llm.step import LLMStep
 
 
 class NERFileError(ValueError):

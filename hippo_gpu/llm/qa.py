@@ -14,9 +14,9 @@ from pathlib import Path
 
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json
 from hippo_gpu.llm.cache import LLMCache, cache_key
+from hippo_gpu.llm.llm_step import LLMStep
 from hippo_gpu.llm.parse import parse_answer
 from hippo_gpu.llm.prompts import QA_READER
-from hippo_gpu.llm.step import LLMStep
 
 
 class QAReader(LLMStep):

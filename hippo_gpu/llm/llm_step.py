@@ -1,4 +1,5 @@
-"""What every query-time LLM step (filter, NER, reader) shares: a backend it may own, a cache."""
+"""LLMStep: the base of the query-time LLM steps (filter, NER, reader): a backend it may own
+and close, and an optional reply cache."""
 
 from __future__ import annotations
 

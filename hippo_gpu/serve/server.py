@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import inspect
 import logging
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,29 +44,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hippo_gpu.batcher import (
+from hippo_gpu.config import MODES
+from hippo_gpu.search import Hit, Searcher
+from hippo_gpu.serve.batcher import (
     BatcherClosedError,
     BatcherConfig,
     BatchOutputError,
     MicroBatcher,
     QueueFullError,
 )
-from hippo_gpu.search import Hit
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["hipporag2", "hipporag1", "dense", "hybrid"]
-
-
-class Retriever(Protocol):
-    """What the server needs from an index (`hippo_gpu.Index` satisfies it)."""
-
-    passage_keys: list[str]
-    passage_texts: list[str]
-
-    def retrieve(self, queries: list[str], *, top_k: int, mode: str) -> list[list[Hit]]: ...
-
-    def stats(self) -> dict[str, Any]: ...
+# The request schema's mode enum: exactly the modes retrieval accepts.
+Mode = Literal[MODES]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -127,7 +117,7 @@ class RetrieveRequest(BaseModel):
     top_k: int = Field(default=10, ge=1, description="passages returned per query")
     mode: Mode = Field(default="hipporag2", description="retrieval mode")
     return_seeds: bool = Field(
-        default=False, description="also return the seed facts (only if the index reports them)"
+        default=False, description="also return the seed facts of each query"
     )
 
 
@@ -165,30 +155,25 @@ class _Answer(NamedTuple):
     seeds: list[Any] | None
 
 
-class _IndexAdapter:
-    """Calls `index.retrieve` for one batch and turns hits into JSON-ready dicts with text."""
+class _SearcherAdapter:
+    """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts."""
 
-    def __init__(self, index: Retriever) -> None:
-        if len(index.passage_keys) != len(index.passage_texts):
-            raise ValueError("index.passage_keys and index.passage_texts differ in length")
-        self._index = index
-        self._text_of = dict(zip(index.passage_keys, index.passage_texts, strict=True))
-        params = inspect.signature(index.retrieve).parameters
-        self.supports_seeds = "return_seeds" in params
+    def __init__(self, searcher: Searcher) -> None:
+        self._searcher = searcher
+        self._texts = searcher.index.passage_texts
 
     def __call__(self, queries: list[str], key: Hashable) -> list[_Answer]:
-        assert isinstance(key, BatchKey)  # the server only submits BatchKeys
-        hits: Sequence[Sequence[Hit]]
+        if not isinstance(key, BatchKey):
+            raise TypeError(f"batch key must be a BatchKey, got {type(key).__name__}")
         seeds: Sequence[list[Any] | None]
         if key.return_seeds:
-            # Assumed contract: (hits per query, seed facts per query).
-            retrieve: Any = self._index.retrieve
-            hits, raw = retrieve(queries, top_k=key.top_k, mode=key.mode, return_seeds=True)
+            hits, raw = self._searcher.retrieve(queries, top_k=key.top_k, mode=key.mode,
+                                                return_seeds=True)
             seeds = [[_jsonable(s) for s in per_query] for per_query in raw]
         else:
-            hits = self._index.retrieve(queries, top_k=key.top_k, mode=key.mode)
+            hits = self._searcher.retrieve(queries, top_k=key.top_k, mode=key.mode)
             seeds = [None] * len(queries)
-        if len(hits) != len(queries) or len(seeds) != len(queries):
+        if len(hits) != len(queries):
             raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
         return [
             _Answer([self._hit(h) for h in per_query], s)
@@ -199,7 +184,7 @@ class _IndexAdapter:
         return {
             "key": h.key,
             "title": h.title,
-            "text": self._text_of[h.key],
+            "text": self._texts[h.row],
             "score": float(h.score),
             "rank": int(h.rank),
         }
@@ -272,16 +257,16 @@ class _BodyLimit:
 # app
 
 
-def create_app(index: Retriever, config: ServerConfig | None = None) -> FastAPI:
-    """Build the FastAPI app serving `index` (already loaded, on its device).
+def create_app(searcher: Searcher, config: ServerConfig | None = None) -> FastAPI:
+    """Build the FastAPI app serving `searcher` (its index already loaded, on its device).
 
     The batcher starts with the app's lifespan and, at shutdown, finishes every queued and
     in-flight batch before the app stops (uvicorn first waits for open requests).
     """
     config = config or ServerConfig()
-    adapter = _IndexAdapter(index)
+    adapter = _SearcherAdapter(searcher)
     batcher: MicroBatcher[_Answer] = MicroBatcher(adapter, config.batcher)
-    index_stats = _public_stats(index.stats())
+    index_stats = _public_stats(searcher.index.stats())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
@@ -350,7 +335,6 @@ def create_app(index: Retriever, config: ServerConfig | None = None) -> FastAPI:
                 "max_queries_per_request": config.max_queries_per_request,
                 "max_query_chars": config.max_query_chars,
                 "max_top_k": config.max_top_k,
-                "seeds_available": adapter.supports_seeds,
             },
         }
 
@@ -362,8 +346,6 @@ def create_app(index: Retriever, config: ServerConfig | None = None) -> FastAPI:
     )
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
         _check_limits(req, config)
-        if req.return_seeds and not adapter.supports_seeds:
-            raise HTTPException(422, "this index does not report seed facts")
         key = BatchKey(req.mode, req.top_k, req.return_seeds)
         try:
             answers = await batcher.submit(req.queries, key)
@@ -447,7 +429,6 @@ __all__ = [
     "PassageHit",
     "RetrieveRequest",
     "RetrieveResponse",
-    "Retriever",
     "ServerConfig",
     "create_app",
 ]

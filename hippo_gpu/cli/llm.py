@@ -7,18 +7,10 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
-
-_LLM_HELP = "LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2"
-
-
-def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(2)
+from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
+from hippo_gpu.cli.common import console, fail
 
 
 def _backend_options(api_key_env: str, concurrency: int | None) -> dict[str, object]:
@@ -63,8 +55,7 @@ def extract(
             backend_options=_options_for(llm, _backend_options(api_key_env, concurrency)),
         )
     except (DataFormatError, BackendSpecError, BackendError, ValueError, OSError) as e:
-        _fail(str(e))
-        return
+        fail(str(e))
     table = Table(title=f"OpenIE -> {out}")
     table.add_column("passages", justify="right")
     table.add_column("extracted", justify="right")
@@ -101,50 +92,50 @@ def qa(
     out: Path | None = typer.Option(None, help="write predictions and metrics as JSON here"),
 ) -> None:
     """Retrieve, then read with an LLM: EM/F1 (SQuAD normalisation) next to recall."""
-    import hippo_gpu
-    from hippo_gpu.data import DataFormatError, read_corpus, read_questions
+    from hippo_gpu.build import build_index
+    from hippo_gpu.data import DataFormatError, as_passages, read_questions
     from hippo_gpu.evaluate import recall_at_k
+    from hippo_gpu.index import load_index
     from hippo_gpu.llm.backends import BackendError, BackendSpecError, make_backend
     from hippo_gpu.llm.cache import LLMCache
     from hippo_gpu.llm.extract import extract_openie
     from hippo_gpu.llm.filter import RecognitionMemoryFilter
     from hippo_gpu.llm.ner import QueryNER
     from hippo_gpu.llm.qa import QAReader, qa_metrics
+    from hippo_gpu.search import Searcher
 
     try:
-        passages = read_corpus(data / "corpus.json")
+        passages = as_passages(data / "corpus.json")
         questions = read_questions(data / "questions.json")[:limit]
     except (DataFormatError, OSError) as e:
-        _fail(str(e))
-        return
+        fail(str(e))
     index_dir = index or Path("runs") / f"qa-{data.name}"
     cache_path = cache or index_dir.with_name(index_dir.name + ".llm-cache.sqlite")
     try:
         backend = make_backend(llm, **_options_for(llm, _backend_options(api_key_env,
                                                                          concurrency)))
     except (BackendSpecError, BackendError) as e:
-        _fail(str(e))
-        return
+        fail(str(e))
     with backend, LLMCache(cache_path) as llm_cache:
         t0 = time.perf_counter()
         if index_dir.exists() and any(index_dir.iterdir()):
-            idx = hippo_gpu.load_index(index_dir, device=device)
+            idx = load_index(index_dir, device=device)
         else:
             if openie is None:
                 openie = index_dir.with_name(index_dir.name + ".openie.json")
                 report = extract_openie(passages, backend, openie, cache_path=cache_path)
                 console.print(f"OpenIE: {report.done} extracted, {report.cached} cached, "
                               f"{report.failed} failed ({report.passages_per_s:.3f} passages/s)")
-            idx = hippo_gpu.build_index(passages, openie, index_dir, device=device)
+            idx = build_index(passages, openie, index_dir, device=device)
         t_index = time.perf_counter() - t0
         texts = [q.question for q in questions]
         fact_filter = RecognitionMemoryFilter(backend, llm_cache) if llm_filter else None
         t0 = time.perf_counter()
         entities = QueryNER(backend, llm_cache)(texts) if mode == "hipporag1" else None
-        hits = idx.retrieve(texts, top_k=max(top_k, 10), mode=mode, fact_filter=fact_filter,
-                            query_entities=entities)
+        hits = Searcher(idx).retrieve(texts, top_k=max(top_k, 10), mode=mode,
+                                      fact_filter=fact_filter, query_entities=entities)
         t_retrieve = time.perf_counter() - t0
-        contexts = [[idx.passage_texts[idx.passage_row(h.key)] for h in row[:top_k]]
+        contexts = [[idx.passage_texts[h.row] for h in row[:top_k]]
                     for row in hits]
         reader = QAReader(backend, llm_cache, top_k=top_k)
         t0 = time.perf_counter()

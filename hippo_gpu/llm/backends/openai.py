@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, OnResult
+from hippo_gpu.llm.backends.base import Backend, ChatRequest, Completion, OnResult
 
 _SCHEMA_MODES = ("json_schema", "json_object", "none")
 _RETRY_STATUS = {408, 409, 429}

@@ -1,4 +1,4 @@
-"""One small interface over every LLM: a batch of chat requests -> a batch of completions.
+"""The backend interface: a batch of chat requests -> a batch of completions, and its errors.
 
 A backend never raises for one bad request: each `Completion` carries either `text` or `error`
 (a short reason such as "http_500" or "timeout"), so one failure cannot sink a batch and every
@@ -137,29 +137,6 @@ def parse_spec(spec: str) -> BackendSpec:
     if kind in ("vllm", "local"):
         return BackendSpec(kind, rest)
     raise BackendSpecError(f"unknown LLM backend {kind!r} in {spec!r}; use openai, vllm or local")
-
-
-def make_backend(spec: str | Backend, **options: Any) -> Backend:
-    """Build a backend from a spec string (a `Backend` passes through unchanged).
-
-    Args:
-        spec: see the module docstring.
-        **options: forwarded to the backend's constructor (e.g. `concurrency`, `timeout`).
-    """
-    if isinstance(spec, Backend):
-        return spec
-    parsed = parse_spec(spec)
-    if parsed.kind == "openai":
-        from hippo_gpu.llm.openai_backend import OpenAIBackend
-
-        return OpenAIBackend(parsed.model, parsed.base_url or "", **options)
-    if parsed.kind == "vllm":
-        from hippo_gpu.llm.vllm_backend import VLLMBackend
-
-        return VLLMBackend(parsed.model, **options)
-    from hippo_gpu.llm.local import LocalBackend
-
-    return LocalBackend(parsed.model, **options)
 
 
 def canonical_json(value: Any) -> str:

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hippo_gpu.llm.backends import Backend, BackendUnavailable, ChatRequest, Completion, OnResult
+from hippo_gpu.llm.backends.base import (
+    Backend,
+    BackendUnavailable,
+    ChatRequest,
+    Completion,
+    OnResult,
+)
 
 
 def _guided(schema: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import typer
 
-from hippo_gpu.batcher import BatcherConfig
 from hippo_gpu.device import DEVICE_CHOICES
+from hippo_gpu.serve.batcher import BatcherConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,10 @@ def serve(
     """Serve POST /v1/retrieve, /healthz, /readyz, /v1/stats and /docs for one index."""
     import uvicorn
 
-    from hippo_gpu import load_index
     from hippo_gpu.device import set_threads
-    from hippo_gpu.server import ServerConfig, create_app
+    from hippo_gpu.index import load_index
+    from hippo_gpu.search import Searcher
+    from hippo_gpu.serve.server import ServerConfig, create_app
 
     token = os.environ.get(token_env) or None
     try:
@@ -74,15 +75,12 @@ def serve(
         )
     set_threads(threads)
     typer.echo(f"loading index from {index} on {device} ...", err=True)
-    loaded = load_index(index, device=device)
-    if query_precision is not None:
-        loaded = loaded.with_query_encoder(precision=query_precision)
+    searcher = Searcher(load_index(index, device=device), query_precision=query_precision)
     if warmup:
-        # Load the query encoder and build lazy caches now, so /readyz means ready and the first
+        # Load the query encoder and build the solvers now, so /readyz means ready and the first
         # client does not pay for it.
-        for mode in ("dense", "hipporag2"):
-            loaded.retrieve(["warm-up query"], top_k=1, mode=mode)
-    app = create_app(loaded, config)
+        searcher.warm_up(("dense", "hipporag2"))
+    app = create_app(searcher, config)
     # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
     # app's lifespan drains the batcher.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
@@ -95,14 +93,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def main() -> None:
-    """Run `serve` alone: `python -m hippo_gpu.serve_cli --index DIR` (used by the benchmark)."""
-    app = typer.Typer(add_completion=False)
-    register(app)
-    app()
-
-
-if __name__ == "__main__":
-    main()

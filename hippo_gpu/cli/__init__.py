@@ -1,0 +1,27 @@
+"""The `hippo-gpu` command line: one Typer app, one module per command group.
+
+    demo               cli/demo.py       index the bundled sample and answer its questions
+    index, stats       cli/index.py      build an index; print its counts
+    eval               cli/evaluate.py   Recall@k, queries/s and stage times per mode
+    extract, qa        cli/llm.py        LLM OpenIE extraction; retrieve-then-read QA
+    serve              cli/serve.py      the HTTP query server
+"""
+
+from __future__ import annotations
+
+import typer
+
+from hippo_gpu.cli import demo, evaluate, index, llm, serve
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA.")
+for _module in (demo, index, evaluate, llm, serve):
+    _module.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""What every command shares: consoles, thread set-up, the cache root, error exit, tables."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+LLM_HELP = "LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2"
+
+
+def setup(threads: int | None, verbose: bool = False) -> int:
+    """Logging level and CPU threads (torch and faiss); returns the thread count in force."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from hippo_gpu.device import set_threads
+
+    n = set_threads(threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(n)
+    except ImportError:
+        pass
+    return n
+
+
+def cache_root() -> Path:
+    """$HIPPO_GPU_CACHE, else ~/.cache/hippo_gpu: embeddings, LLM replies, cached indexes."""
+    return Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
+
+
+def fail(msg: str) -> NoReturn:
+    """Print an error and exit with status 2."""
+    err_console.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def timing_table(timings: dict[str, float], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for k, v in timings.items():
+        table.add_row(k, f"{v:.3f}")
+    table.add_row("[bold]total", f"[bold]{sum(timings.values()):.3f}")
+    return table

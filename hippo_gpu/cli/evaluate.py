@@ -1,0 +1,158 @@
+"""`hippo-gpu eval`: Recall@k, queries/s and time per stage for each retrieval mode."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hippo_gpu.cli.common import cache_root, console, err_console, fail, setup
+from hippo_gpu.config import MODES, EncoderConfig, RetrievalConfig
+
+
+def _find_openie(data: Path) -> Path:
+    found = sorted(data.glob("openie*.json"))
+    if len(found) != 1:
+        fail(f"{data}: expected exactly one openie*.json, found {len(found)}; pass --openie")
+    return found[0]
+
+
+def _file_digest(*paths: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _build_or_load(corpus: Path, openie: Path, index_dir: Path | None, encoder: str,
+                   device: str, precision: str = "float32"):
+    from hippo_gpu.build import build_index
+    from hippo_gpu.index import IndexFormatError, load_index
+
+    enc = EncoderConfig(model=encoder, precision=precision)
+    if index_dir is None:
+        digest = _file_digest(corpus, openie, extra=json.dumps(enc.identity(), sort_keys=True))
+        index_dir = cache_root() / "indexes" / f"{corpus.parent.name}-{digest}"
+    if (index_dir / "manifest.json").exists():
+        try:
+            return load_index(index_dir, device=device, encoder=encoder), index_dir, False
+        except IndexFormatError as e:
+            err_console.print(f"[yellow]rebuilding {index_dir}: {e}")
+    idx = build_index(corpus, openie, index_dir, encoder=enc, device=device,
+                      cache_dir=cache_root() / "embeddings", show_progress=True)
+    return idx, index_dir, True
+
+
+def eval_cmd(
+    data: Path = typer.Option(..., help="dir with questions.json, corpus.json, openie*.json"),
+    openie: Path | None = typer.Option(None, help="OpenIE file (default: DIR/openie*.json)"),
+    modes: str = typer.Option("dense,hipporag2,hybrid", help=f"comma list of {MODES}"),
+    top_k: int = typer.Option(200, help="passages ranked per query"),
+    threads: int | None = typer.Option(None, help="CPU threads"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    encoder: str = typer.Option(EncoderConfig.model, help="encoder name or path"),
+    index_dir: Path | None = typer.Option(None, help="index to reuse/build (default: cache)"),
+    dtype: str = typer.Option("float32", help="PPR dtype: float32 | float64"),
+    query_precision: str | None = typer.Option(
+        None, help="query encoder precision (default: the index's; bfloat16 is ~3x faster)"),
+    query_ner: Path | None = typer.Option(
+        None, help="hipporag1: HippoRAG *_queries.named_entity_output.tsv"),
+    llm: str | None = typer.Option(
+        None, help="LLM for hipporag1 query NER and the hipporag2 filter (--filter)"),
+    use_filter: bool = typer.Option(False, "--filter", help="hipporag2: LLM recognition memory"),
+    json_out: Path | None = typer.Option(None, "--json", help="write results as JSON"),
+    per_query: Path | None = typer.Option(None, help="write top-10 keys per question (JSON)"),
+    questions_limit: int | None = typer.Option(None, "--limit", help="first N questions"),
+) -> None:
+    """Recall@k, queries/s and time per stage for each retrieval mode."""
+    import torch
+
+    from hippo_gpu.data import read_questions
+    from hippo_gpu.evaluate import evaluate_mode
+    from hippo_gpu.search import Searcher
+
+    n = setup(threads)
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    for m in mode_list:
+        if m not in MODES:
+            fail(f"unknown mode {m!r}; choose from {MODES}")
+    openie = openie or _find_openie(data)
+    questions = read_questions(data / "questions.json")[:questions_limit]
+    idx, where, built = _build_or_load(data / "corpus.json", openie, index_dir, encoder, device)
+    cfg = RetrievalConfig(dtype=dtype)
+    searcher = Searcher(idx, cfg, query_precision=query_precision)
+    console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
+                  f"device {idx.device}, {n} threads")
+    entities = None
+    if "hipporag1" in mode_list:
+        entities = _query_entities(questions, query_ner, llm)
+        if entities is None:
+            err_console.print("[yellow]skipping hipporag1: it needs query entities; pass "
+                              "--query-ner FILE.tsv or --llm SPEC")
+            mode_list.remove("hipporag1")
+    fact_filter = None
+    if use_filter:
+        if llm is None:
+            fail("--filter needs --llm SPEC")
+        from hippo_gpu.llm.filter import RecognitionMemoryFilter
+
+        fact_filter = RecognitionMemoryFilter(llm)  # owns (and closes) its backend
+    results = {}
+    try:
+        for m in mode_list:
+            results[m] = evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
+                                       fact_filter=fact_filter if m == "hipporag2" else None,
+                                       query_entities=entities if m == "hipporag1" else None)
+    finally:
+        if fact_filter is not None:
+            fact_filter.close()
+    ks = list(next(iter(results.values())).recall) if results else []
+    table = Table(title=f"Recall@k (%) on {data.name}, {len(questions)} questions")
+    table.add_column("mode")
+    for k in ks:
+        table.add_column(f"R@{k}", justify="right")
+    table.add_column("q/s", justify="right")
+    table.add_column("fallbacks", justify="right")
+    for m, r in results.items():
+        table.add_row(m, *[f"{r.recall[k]:.2f}" for k in ks], f"{r.queries_per_s:.1f}",
+                      str(r.dense_fallbacks))
+    console.print(table)
+    for m, r in results.items():
+        console.print(f"{m} stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r.stage_s.items()))
+    if json_out:
+        payload = {"modes": {m: r.as_dict() for m, r in results.items()},
+                   "n_questions": len(questions), "index": idx.stats(), "threads": n,
+                   "device": str(idx.device), "torch": torch.__version__}
+        json_out.write_text(json.dumps(payload, indent=2))
+    if per_query:
+        dump = [{"id": q.id, "question": q.question,
+                 **{m: r.ranked_keys[i][:10] for m, r in results.items()}}
+                for i, q in enumerate(questions)]
+        per_query.write_text(json.dumps(dump, indent=1))
+
+
+def _query_entities(questions, query_ner: Path | None, llm: str | None):
+    texts = [q.question for q in questions]
+    if query_ner is not None:
+        from hippo_gpu.llm.ner import read_query_ner_tsv
+
+        table = read_query_ner_tsv(query_ner)
+        return [table.get(t, []) for t in texts]
+    if llm is not None:
+        from hippo_gpu.llm.ner import QueryNER
+
+        ner = QueryNER(llm)  # owns its backend
+        try:
+            return ner(texts)
+        finally:
+            ner.close()
+    return None
+
+
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)

@@ -1,0 +1,66 @@
+"""The architecture holds: no import cycle between any two modules, kernels import nothing above
+them, and the index is data only (issue 9's checks, executable)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module_cycles(graph, modules: set[str]) -> list[list[str]]:
+    """Every elementary cycle found by a depth-first search (one per back edge)."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.find_modules_directly_imported_by(m) & modules):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def test_no_import_cycle_between_any_two_modules() -> None:
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("hippo_gpu", cache_dir=None)
+    modules = set(graph.modules)
+    # a package's __init__ importing its own children is how packages export; the reverse
+    # (a child importing its package's __init__) is what would close a loop, and is counted
+    cycles = [c for c in _module_cycles(graph, modules)
+              if not all(b.startswith(a + ".") or a.startswith(b + ".")
+                         for a, b in zip(c, c[1:]))]
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_kernels_import_nothing_of_the_package_above_them() -> None:
+    for path in sorted((ROOT / "kernels").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.startswith("hippo_gpu") and not name.startswith("hippo_gpu.kernels"):
+                    raise AssertionError(f"{path.name} imports {name}: kernels sit below ppr")
+
+
+def test_index_is_data_only_and_nothing_guesses_signatures() -> None:
+    index_src = (ROOT / "hippo_gpu" / "index.py").read_text()
+    assert not re.search(r"_cache|_encoder", index_src)
+    assert "def retrieve" not in index_src and "hippo_gpu.search" not in index_src
+    for path in (ROOT / "hippo_gpu").rglob("*.py"):
+        assert "inspect.signature" not in path.read_text(), path
