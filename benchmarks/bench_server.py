@@ -14,16 +14,22 @@ benchmarks/results/bench_server.jsonl.
 The issue's acceptance run (32 clients x 1,000 requests, 0 errors):
     python benchmarks/bench_server.py --index DIR --batching on --concurrency 32 \
         --requests-per-client 1000 --max-seconds 3600
+
+Each line carries provenance.py's fields: ``precision`` is the served index's embedding precision
+(the server loads float32; `hippo-gpu serve` has no precision option), ``query_precision`` the
+server's query encoder precision (--query-precision, else the index's encoder precision), and
+``batch_sizes`` names the server's micro-batch (``server_max_batch``) apart from the query
+encoder's batch (``encoder_query_batch_size``), ``threads`` is the server's torch threads
+(--threads; null: torch's default) and ``torch_threads`` is null (the load generator's own count
+says nothing about the server). A dirty git tree needs --allow-dirty.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -36,6 +42,15 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import (  # noqa: E402
+    DirtyTreeError,
+    add_arguments,
+    append_result,
+    check_clean,
+    provenance,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench_server.jsonl"
@@ -194,33 +209,22 @@ async def reference_pass(
     return ref
 
 
-def environment() -> dict[str, Any]:
-    import fastapi
-    import torch
-    import uvicorn
-
+def index_encoder(index_dir: Path) -> dict[str, Any]:
+    """The encoder settings the index was built with (its manifest's config), {} if unreadable."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        commit = None
-    return {
-        "commit": commit,
-        "hardware": {
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "cpu_count": os.cpu_count(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "fastapi": fastapi.__version__,
-            "uvicorn": uvicorn.__version__,
-            "httpx": httpx.__version__,
-        },
-    }
+        manifest = json.loads((index_dir / "manifest.json").read_text())
+        return dict(manifest["config"]["encoder"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def served_device(device: str) -> str:
+    """The device the server resolves `device` to (as hippo_gpu.device does for "auto")."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main() -> None:
@@ -241,16 +245,23 @@ def main() -> None:
     p.add_argument("--query-precision", default=None, help="server query encoder precision")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    add_arguments(p)
     args = p.parse_args()
+    try:
+        git = check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
 
     queries = load_queries(args.queries or default_queries())
     settings = {"both": [("on", args.max_batch), ("off", 1)], "on": [("on", args.max_batch)],
                 "off": [("off", 1)]}[args.batching]  # fmt: skip
-    env = environment()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    encoder = index_encoder(args.index)
+    query_precision = args.query_precision or encoder.get("precision", "float32")
+    device = served_device(args.device)
     reference: dict[str, list[str]] = {}
     qps: dict[tuple[str, int], float] = {}
-    print(f"{len(queries)} queries, mode={args.mode}, top_k={args.top_k}, device={args.device}")
+    print(f"{len(queries)} queries, mode={args.mode}, top_k={args.top_k}, device={device}, "
+          f"server threads={args.threads or 'torch default'}, query_precision={query_precision}")
     header = (
         f"{'batching':>8} {'conc':>5} {'reqs':>6} {'err':>4} {'QPS':>8} {'p50 ms':>8} "
         f"{'p95 ms':>8} {'p99 ms':>8} {'batch':>6} {'agree':>6}"
@@ -289,9 +300,16 @@ def main() -> None:
                 if res.errors:
                     print(f"         errors: {res.error_kinds}")
                 record = {
-                    "bench": "server",
-                    "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    **env,
+                    **provenance(
+                        "server", threads=args.threads, device=device,
+                        precision=index_stats.get("precision", "float32"),
+                        query_precision=query_precision,
+                        batch_sizes={"server_max_batch": max_batch,
+                                     "encoder_query_batch_size": encoder.get("query_batch_size")},
+                        optional_versions=("fastapi", "uvicorn", "httpx", "hippo_gpu"),
+                        git=git),
+                    # the measured work runs in the server process: its threads are `threads`
+                    "torch_threads": None,
                     "index": index_stats,
                     "config": {
                         "batching": name,
@@ -302,6 +320,7 @@ def main() -> None:
                         "top_k": args.top_k,
                         "device": args.device,
                         "threads": args.threads,
+                        "query_precision": args.query_precision,
                         "requests_per_client": args.requests_per_client,
                         "max_seconds": args.max_seconds,
                         "n_distinct_queries": len(queries),
@@ -317,8 +336,10 @@ def main() -> None:
                     "topk_agreement": None if res.checked == 0 else agree,
                     "server_startup_s": startup_s,
                 }
-                with args.out.open("a") as f:
-                    f.write(json.dumps(record, default=float) + "\n")
+                try:
+                    append_result(args.out, record, allow_dirty=args.allow_dirty)
+                except DirtyTreeError as e:
+                    raise SystemExit(str(e)) from None
         finally:
             rc = server.stop()
             if rc not in (0, -signal.SIGINT):

@@ -2,11 +2,13 @@
 
     python benchmarks/gpu_llm_check.py [--model PATH_OR_ID] [--n 256]
 
-Skips (exit 0, one "SKIP:" line) when there is no CUDA device, no vllm, or no model on disk. The
+Skips (exit 2, one "SKIP:" line: a skip never reads as a pass) when there is no CUDA device, no
+vllm, no corpus, or no model on disk. The
 machine has no network, so the model must already be there: --model, $HIPPO_VLLM_MODEL, a folder
 under ./.models/, or a Hugging Face cache entry whose name says "instruct" (the smallest wins).
 Prints passages/s, generated tokens/s and the parse success rate; appends a JSON line to
-benchmarks/results/llm_extract.jsonl (see llm_extract_bench.py).
+benchmarks/results/llm_extract.jsonl (see llm_extract_bench.py; a dirty git tree, or a copy without
+git as on the device machine, needs --allow-dirty).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import DirtyTreeError, add_arguments, check_clean  # noqa: E402
+
+SKIP = 2  # exit status of a check that could not run
 
 
 def _dir_size(path: Path) -> int:
@@ -53,22 +58,25 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--n", type=int, default=256, help="passages of musique_train")
     ap.add_argument("--corpus", type=Path, default=None)
+    ap.add_argument("--results", type=Path, default=None,
+                    help="JSONL path (default benchmarks/results/llm_extract.jsonl)")
+    add_arguments(ap)
     args = ap.parse_args()
 
     import torch
 
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
-        return 0
+        return SKIP
     try:
         import vllm  # noqa: F401
     except ImportError:
-        print("SKIP: vllm is not installed (pip install 'hippo-gpu[gpu]')")
-        return 0
+        print("SKIP: vllm is not installed (pip install 'hippo-gpu[vllm]')")
+        return SKIP
     model = find_model(args.model)
     if model is None:
         print("SKIP: no local instruction model (pass --model or set HIPPO_VLLM_MODEL)")
-        return 0
+        return SKIP
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from llm_extract_bench import DATA, DEFAULT_OUT, run
 
@@ -77,13 +85,20 @@ def main() -> int:
     corpus = args.corpus or DATA / "musique_train" / "corpus.json"
     if not corpus.exists():
         print(f"SKIP: corpus not found: {corpus} (set HIPPO_DATA_DIR)")
-        return 0
+        return SKIP
+    try:  # before loading the model: a refused line must not cost a model load
+        check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        print(f"FAIL: {e}")
+        return 1
     print(f"vLLM {vllm.__version__} on {torch.cuda.get_device_name()} with {model}")
     backend = VLLMBackend(model, max_model_len=4096, gpu_memory_utilization=0.6)
     print(f"guided JSON decoding available: {backend.guided_available}")
     try:
-        run(backend, min(8, args.n), corpus, None, label=f"vllm:{model} (warm-up)")
-        run(backend, args.n, corpus, DEFAULT_OUT, label=f"vllm:{model}")
+        run(backend, min(8, args.n), corpus, None, label=f"vllm:{model} (warm-up)",
+            device="cuda")
+        run(backend, args.n, corpus, args.results or DEFAULT_OUT, label=f"vllm:{model}",
+            allow_dirty=args.allow_dirty, device="cuda")
     finally:
         backend.close()
     return 0

@@ -4,8 +4,11 @@
     python benchmarks/llm_extract_bench.py --llm openai:MODEL@http://host:8000/v1 --n 500
 
 Prints passages/s, generated tokens/s and the parse success rate (accepted / parsed outputs)
-beside failures by reason, and appends a JSON line to benchmarks/results/llm_extract.jsonl.
-Every run starts from an empty cache, so it measures LLM work, not cache hits.
+beside failures by reason, and appends a JSON line to benchmarks/results/llm_extract.jsonl with
+provenance.py's fields (``threads``: the local llama.cpp server's CPU threads, null for a remote
+backend; ``precision`` and ``query_precision`` are null: no index, no query encoder; a dirty git
+tree needs --allow-dirty). Every run starts from an empty cache, so it measures LLM work, not
+cache hits.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,22 +24,31 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import (  # noqa: E402
+    DirtyTreeError,
+    add_arguments,
+    append_result,
+    check_clean,
+    provenance,
+)
+
 DATA = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "llm_extract.jsonl"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run(llm: Any, n: int, corpus_path: Path, out_jsonl: Path | None = DEFAULT_OUT,
-        backend_options: dict[str, Any] | None = None, label: str | None = None) -> dict[str, Any]:
-    """Extract the first `n` passages with `llm` (spec or Backend); return and record the row."""
+        backend_options: dict[str, Any] | None = None, label: str | None = None, *,
+        allow_dirty: bool = False, threads: int | None = None,
+        device: str = "cpu") -> dict[str, Any]:
+    """Extract the first `n` passages with `llm` (spec or Backend); return and record the row.
+
+    `threads` and `device` describe where the LLM ran (for the record; `backend_options` is what
+    configures it). Raises DirtyTreeError before any work if the row would be refused.
+    """
     from hippo_gpu.llm.extract import extract_openie
+
+    git = check_clean(allow_dirty) if out_jsonl is not None else None
 
     corpus = json.loads(corpus_path.read_text())[:n]
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +59,10 @@ def run(llm: Any, n: int, corpus_path: Path, out_jsonl: Path | None = DEFAULT_OU
         docs = json.loads((Path(tmp) / "openie.json").read_text())["docs"]
     parse = report.parse
     row = {
-        "bench": "llm_extract",
+        **provenance("llm_extract", threads=threads, device=device, precision=None,
+                     query_precision=None,
+                     batch_sizes={"parallel_slots": (backend_options or {}).get("parallel")},
+                     optional_versions=("hippo_gpu",), git=git),
         "llm": label or (llm if isinstance(llm, str) else llm.model),
         "passages": n,
         "extracted": report.done,
@@ -64,20 +77,13 @@ def run(llm: Any, n: int, corpus_path: Path, out_jsonl: Path | None = DEFAULT_OU
         "seconds": round(report.seconds, 2),
         "wall_s_with_startup": round(wall, 2),
         "triples_per_passage": round(sum(len(d["extracted_triples"]) for d in docs) / n, 2),
-        "commit": _commit(),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(f"{row['llm']}: {n} passages, {row['passages_per_s']:.3f} passages/s, "
           f"{row['tokens_per_s']:.1f} generated tokens/s, parse success "
           f"{row['parse_success']}, failed {row['failed']} {row['failures']}, "
           f"{row['triples_per_passage']} triples/passage")
     if out_jsonl is not None:
-        out_jsonl.parent.mkdir(parents=True, exist_ok=True)
-        with open(out_jsonl, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_result(out_jsonl, row, allow_dirty=allow_dirty)
     return row
 
 
@@ -88,11 +94,20 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=DATA / "musique_train" / "corpus.json")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--parallel", type=int, default=1, help="local: llama.cpp server slots")
+    ap.add_argument("--threads", type=int, default=1, help="local: llama.cpp CPU threads")
+    add_arguments(ap)
     args = ap.parse_args()
     if not args.corpus.exists():
         sys.exit(f"corpus not found: {args.corpus} (set HIPPO_DATA_DIR)")
-    options = {"parallel": args.parallel} if args.llm.startswith("local:") else None
-    run(args.llm, args.n, args.corpus, args.out, options)
+    local = args.llm.startswith("local:")
+    options = {"parallel": args.parallel, "threads": args.threads} if local else None
+    if local:
+        print(f"local llama.cpp: {args.threads} thread(s), {args.parallel} slot(s)")
+    try:
+        run(args.llm, args.n, args.corpus, args.out, options, allow_dirty=args.allow_dirty,
+            threads=args.threads if local else None, device="cpu" if local else "remote")
+    except DirtyTreeError as e:
+        sys.exit(str(e))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The questions are split by position (even = tuning half, odd = held-out half). E
 is scored on the tuning half by min(R@2 - target_R@2, R@5 - target_R@5), where the targets are
 the issue's: R@2 >= max(DPR, HippoRAG 2) + 2 and R@5 >= HippoRAG 2 + 2 on that half. The best
 point is then reported on the held-out half and on all questions, beside dense and hipporag2.
-Appends one JSON line to benchmarks/results/tune_hybrid.jsonl.
+Appends one JSON line to benchmarks/results/tune_hybrid.jsonl with provenance.py's fields
+(``precision``: the index embedding precision, --precision; ``query_precision``: the index's
+encoder precision; a dirty git tree needs --allow-dirty).
 
     python benchmarks/tune_hybrid.py --threads 2
 """
@@ -12,14 +14,21 @@ Appends one JSON line to benchmarks/results/tune_hybrid.jsonl.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
-import json
 import os
-import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import (  # noqa: E402
+    DirtyTreeError,
+    add_arguments,
+    append_result,
+    check_clean,
+    provenance,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {
@@ -37,9 +46,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--index-dir", default="/tmp/mus_index")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--precision", choices=["float32", "bfloat16", "float16"],
+                    default="float32", help="index embedding precision (load_index)")
+    ap.add_argument("--results", type=Path,
+                    default=ROOT / "benchmarks" / "results" / "tune_hybrid.jsonl")
+    add_arguments(ap)
     args = ap.parse_args()
+    try:
+        git = check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
+    print(f"threads {args.threads} (torch {torch.get_num_threads()}), precision {args.precision}")
 
     import hippo_gpu
     from hippo_gpu.config import RetrievalConfig
@@ -50,12 +69,11 @@ def main() -> None:
     data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
     data = data / "musique_train"
     index_dir = Path(args.index_dir)
-    if (index_dir / "manifest.json").exists():
-        idx = hippo_gpu.load_index(index_dir, device="cpu")
-    else:
-        idx = hippo_gpu.build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
-                                    index_dir,
-                                    cache_dir=Path.home() / ".cache" / "hippo_gpu" / "embeddings")
+    if not (index_dir / "manifest.json").exists():
+        hippo_gpu.build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
+                              index_dir, device="cpu",
+                              cache_dir=Path.home() / ".cache" / "hippo_gpu" / "embeddings")
+    idx = hippo_gpu.load_index(index_dir, device="cpu", precision=args.precision)
     questions = read_questions(data / "questions.json")
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
@@ -91,16 +109,21 @@ def main() -> None:
     default = RetrievalConfig()
     is_default = all(getattr(default, k) == v for k, v in best.items())
     print(f"best == RetrievalConfig defaults: {is_default}")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or None
-    out = ROOT / "benchmarks" / "results" / "tune_hybrid.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as f:
-        f.write(json.dumps({"bench": "tune_hybrid", "commit": commit,
-                            "when": dt.datetime.now(dt.timezone.utc).isoformat(),
-                            "threads": args.threads, "grid": GRID, "best": best,
-                            "targets_tune_half": {"2": target2, "5": target5},
-                            "recall": rows, "best_is_default": is_default}) + "\n")
+    enc = searcher.encoder_config
+    record = {
+        **provenance("tune_hybrid", threads=args.threads, device="cpu", precision=idx.precision,
+                     query_precision=enc.precision,
+                     batch_sizes={"query_batch": len(texts),
+                                  "encoder_query_batch_size": enc.query_batch_size},
+                     optional_versions=("hippo_gpu",), git=git),
+        "grid": GRID, "best": best, "targets_tune_half": {"2": target2, "5": target5},
+        "recall": rows, "best_is_default": is_default,
+    }
+    try:
+        append_result(args.results, record, allow_dirty=args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
+    print(f"appended to {args.results}")
 
 
 if __name__ == "__main__":

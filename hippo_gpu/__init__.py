@@ -11,6 +11,7 @@ from hippo_gpu.build import build_index
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
 from hippo_gpu.index import Index, __version__, load_index
 from hippo_gpu.search import Hit, Ranking, Searcher
+from hippo_gpu.writer import IndexWriter
 
 __all__ = [
     "EncoderConfig",
@@ -18,6 +19,7 @@ __all__ = [
     "Hit",
     "Index",
     "IndexConfig",
+    "IndexWriter",
     "Ranking",
     "RetrievalConfig",
     "Searcher",

@@ -2,14 +2,17 @@
 
 The one indexing pipeline: corpus and OpenIE readers (data.py), graph elements and the CSR
 adjacency (graph.py), embeddings with their content-addressed cache (embed.py), synonym kNN
-(synonyms.py); the result is an `Index` (index.py), written atomically when `out_dir` is given.
+(synonyms.py). `assemble_index` is the part shared with the writer (writer.py): given the
+per-passage normalised triples of a corpus it computes everything else, reusing the vectors and
+synonym lists of a previous version where they are provably unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +20,68 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig
-from hippo_gpu.data import OpenIEReport, Passage, as_passages, read_openie
-from hippo_gpu.device import resolve_device
+from hippo_gpu.data import OpenIEDoc, OpenIEReport, Passage, Triple, as_passages, read_openie
+from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.embed import Encoder
-from hippo_gpu.graph import build_graph, extract_elements, fact_text, phrase_passage_counts
+from hippo_gpu.graph import (
+    build_graph,
+    extract_elements,
+    fact_text,
+    normalize_text,
+    phrase_passage_counts,
+)
 from hippo_gpu.index import Index
 from hippo_gpu.synonyms import (
     APPROXIMATE_BACKENDS,
+    SynonymEdges,
     knn,
     knn_recall,
     resolve_knn_backend,
     select_synonym_edges,
     synonym_candidates_k,
+    update_synonym_edges,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_index"]
+__all__ = ["CorpusState", "Stages", "assemble_index", "build_index", "corpus_state"]
+
+
+@dataclass
+class CorpusState:
+    """What an index is computed from: passages and, per passage, its normalised triples (in
+    OpenIE order, with multiplicity), malformed-triple counts by reason and OpenIE error flag."""
+
+    passages: list[Passage]
+    triples: list[list[Triple]]
+    malformed: list[dict[str, int]]
+    error: list[bool]
+    extra: dict[str, int] = field(default_factory=dict)  # build-time report fields
+
+
+def corpus_state(passages: Sequence[Passage], docs: Sequence[OpenIEDoc]) -> CorpusState:
+    """Normalise each doc's triples (normalising twice changes nothing, so stored triples
+    rebuild the same graph)."""
+    return CorpusState(
+        passages=list(passages),
+        triples=[[(normalize_text(s), normalize_text(p), normalize_text(o))
+                  for s, p, o in d.triples] for d in docs],
+        malformed=[dict(d.malformed) for d in docs],
+        error=[bool(d.error) for d in docs],
+    )
+
+
+class Stages:
+    """Seconds per stage, with an optional progress callback for the CLI."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 4)
+        self._t = now
 
 
 def build_index(
@@ -41,12 +89,13 @@ def build_index(
     openie: str | Path | dict[str, Any],
     out_dir: str | Path | None = None,
     *,
-    encoder: str | EncoderConfig | None = None,
+    encoder: str | EncoderConfig | Encoder | None = None,
     device: str | torch.device = "auto",
     graph: GraphConfig | None = None,
     cache_dir: str | Path | None = None,
     allow_missing_openie: bool = False,
     show_progress: bool = False,
+    precision: str = "float32",
 ) -> Index:
     """Build the HippoRAG 2 index of `corpus` from its OpenIE output; save it if `out_dir`.
 
@@ -54,65 +103,157 @@ def build_index(
         corpus: corpus JSON path, or passages ({title, text} dicts or Passage objects).
         openie: OpenIE JSON (v1 or v2 format) path or parsed object.
         out_dir: where to write the index (atomically), or None to keep it in memory only.
-        encoder: sentence-transformers model name/path, or a full EncoderConfig.
+        encoder: sentence-transformers model name/path, a full EncoderConfig, or a loaded
+            Encoder to reuse.
         device: "auto", "cpu", "cuda": where embedding, kNN and the returned index live.
         graph: graph construction settings (defaults reproduce upstream).
         cache_dir: embedding cache root (texts already embedded by the same encoder are reused).
         allow_missing_openie: index corpus passages the OpenIE file lacks with no triples.
+        show_progress: progress bars for the long stages.
+        precision: embedding precision of the returned index on `device` (the saved files are
+            float32 whatever it is); see `load_index`.
     """
     dev = resolve_device(device)
-    enc_cfg = encoder if isinstance(encoder, EncoderConfig) else \
-        EncoderConfig(model=encoder) if encoder else EncoderConfig()
+    precision_dtype(precision)  # validate before any work
+    if isinstance(encoder, Encoder):
+        enc_cfg = encoder.config
+    else:
+        enc_cfg = encoder if isinstance(encoder, EncoderConfig) else \
+            EncoderConfig(model=encoder) if encoder else EncoderConfig()
     config = IndexConfig(encoder=enc_cfg, graph=graph or GraphConfig())
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        timings[name] = round(now - t, 4)
-        t = now
+    stages = Stages()
 
     passages = as_passages(corpus)
     docs, report = read_openie(openie, passages, allow_missing=allow_missing_openie)
     _log_report(report)
-    lap("read")
+    state = corpus_state(passages, docs)
+    state.extra = {"missing_passages": report.missing_passages,
+                   "extra_passages": report.extra_passages}
+    stages.lap("read")
 
-    elements = extract_elements(docs)
-    lap("graph_elements")
+    def load_encoder() -> Encoder:
+        if isinstance(encoder, Encoder):
+            return encoder
+        enc = Encoder(enc_cfg, dev, cache_dir=cache_dir)
+        stages.lap("load_encoder")
+        return enc
 
-    enc = Encoder(enc_cfg, dev, cache_dir=cache_dir)
-    lap("load_encoder")
-    desc = (lambda s: s) if show_progress else (lambda s: None)
-    passage_emb = enc.encode([p.content for p in passages], desc=desc("embed passages"))
-    lap("embed_passages")
-    phrase_emb = enc.encode(elements.phrases, desc=desc("embed phrases"))
-    lap("embed_phrases")
-    fact_emb = enc.encode([fact_text(f) for f in elements.facts], desc=desc("embed facts"))
-    lap("embed_facts")
+    index = assemble_index(state, config, load_encoder, dev, stages=stages,
+                           show_progress=show_progress)
+    if out_dir is not None:
+        index.save(out_dir)
+        stages.lap("save")
+    index.timings = stages.seconds
+    return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
 
-    backend = resolve_knn_backend(config.graph.knn_backend, dev)
+
+def assemble_index(
+    state: CorpusState,
+    config: IndexConfig,
+    load_encoder: Callable[[], Encoder],
+    device: torch.device,
+    *,
+    previous: Index | None = None,
+    stages: Stages | None = None,
+    show_progress: bool = False,
+) -> Index:
+    """Compute the index of `state`: graph elements, embeddings, synonym edges, adjacency.
+
+    With `previous` (an earlier version of the same index, same config), vectors of texts it
+    already holds are copied instead of encoded, and synonym lists are recomputed only for the
+    phrases whose list can change (synonyms.update_synonym_edges); the result is the index a
+    fresh build of `state` gives. `load_encoder` is called only if some text must be encoded.
+    """
+    stages = stages or Stages()
+    elements = extract_elements([OpenIEDoc(entities=(), triples=tuple(t)) for t in state.triples])
+    stages.lap("graph_elements")
+
+    loaded: list[Encoder] = []  # the encoder, loaded on first need
+
+    def get_encoder() -> Encoder:
+        if not loaded:
+            loaded.append(load_encoder())
+        return loaded[0]
+
+    def encode(texts: list[str], old_texts: list[str] | None, old_emb: torch.Tensor | None,
+               what: str) -> torch.Tensor:
+        """[n, D] float32 vectors of texts: copied from the previous version where present."""
+        row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
+        todo = [i for i, t in enumerate(texts) if t not in row]
+        dim = old_emb.shape[1] if old_emb is not None else get_encoder().dim
+        out = torch.zeros((len(texts), dim), dtype=torch.float32)
+        have = [(i, row[t]) for i, t in enumerate(texts) if t in row]
+        if have and old_emb is not None:
+            dst, src = zip(*have)
+            out[list(dst)] = old_emb.float().cpu()[list(src)]
+        if todo:
+            fresh = get_encoder().encode([texts[i] for i in todo],
+                                         desc=f"embed {what}" if show_progress else None)
+            out[todo] = fresh.float().cpu()
+        stages.lap(f"embed_{what}")
+        return out
+
+    prev = previous
+    passage_emb = encode([p.content for p in state.passages],
+                         prev.passage_texts if prev else None,
+                         prev.passage_emb if prev else None, "passages")
+    phrase_emb = encode(elements.phrases, prev.phrases if prev else None,
+                        prev.phrase_emb if prev else None, "phrases")
+    fact_texts = [fact_text(f) for f in elements.facts]
+    fact_emb = encode(fact_texts, [fact_text(f) for f in prev.facts] if prev else None,
+                      prev.fact_emb if prev else None, "facts")
+
+    backend = resolve_knn_backend(config.graph.knn_backend, device)
     k = synonym_candidates_k(config.graph, len(elements.phrases))
-    scores, ids = knn(phrase_emb.to(dev) if backend == "torch" else phrase_emb, k, backend=backend)
-    lap("synonym_knn")
     knn_info: dict[str, Any] = {"backend": backend, "k": k}
-    if backend in APPROXIMATE_BACKENDS:
-        knn_info["recall_vs_exact"] = round(knn_recall(phrase_emb, ids), 4)
-        log.warning("approximate synonym kNN (%s): recall@%d vs exact = %.4f on a sample",
-                    backend, k, knn_info["recall_vs_exact"])
-    synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
+    if prev is None:
+        scores, ids = knn(phrase_emb.to(device) if backend == "torch" else phrase_emb, k,
+                          backend=backend)
+        if backend in APPROXIMATE_BACKENDS:
+            knn_info["recall_vs_exact"] = round(knn_recall(phrase_emb, ids), 4)
+            log.warning("approximate synonym kNN (%s): recall@%d vs exact = %.4f on a sample",
+                        backend, k, knn_info["recall_vs_exact"])
+        synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
+    else:
+        old = SynonymEdges(prev.synonym_src.numpy(), prev.synonym_dst.numpy(),
+                           prev.synonym_score.float().numpy())
+        synonyms, recomputed = update_synonym_edges(
+            prev.phrases, prev.phrase_emb.float().cpu(), old, elements.phrases, phrase_emb,
+            config.graph, backend=backend, device=device)
+        knn_info["recomputed_phrases"] = recomputed
+        prev_knn = prev.report.get("synonym_knn", {})
+        if "recall_vs_exact" in prev_knn:
+            knn_info["recall_vs_exact"] = prev_knn["recall_vs_exact"]
+    stages.lap("synonym_knn")
     graph_out = build_graph(elements, synonyms, config.graph)
-    lap("adjacency")
+    stages.lap("adjacency")
 
     counts = dict(graph_out.counts)
     counts["synonym_pairs"] = int(len(synonyms.src))
-    index = Index(
+    malformed = sum(sum(m.values()) for m in state.malformed)
+    by_reason: dict[str, int] = {}
+    for m in state.malformed:
+        for reason, count in m.items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    kept = sum(len(t) for t in state.triples)
+    report = {
+        "passages": len(state.passages),
+        "triples_read": kept + malformed,
+        "triples_kept": kept,
+        "malformed_triples": malformed,
+        "malformed_by_reason": dict(sorted(by_reason.items())),
+        "passages_without_triples": sum(1 for t in state.triples if not t),
+        "passages_with_error": sum(state.error),
+        **state.extra,
+        "synonym_knn": knn_info,
+    }
+    return Index(
         config=config,
         adjacency=graph_out.adjacency,
         passage_nodes=graph_out.passage_nodes,
-        passage_keys=[p.key for p in passages],
-        passage_titles=[p.title for p in passages],
-        passage_texts=[p.content for p in passages],
+        passage_keys=[p.key for p in state.passages],
+        passage_titles=[p.title for p in state.passages],
+        passage_texts=[p.content for p in state.passages],
         phrases=elements.phrases,
         facts=elements.facts,
         fact_phrases=torch.from_numpy(elements.fact_phrases),
@@ -123,14 +264,15 @@ def build_index(
         phrase_emb=phrase_emb,
         fact_emb=fact_emb,
         counts=counts,
-        report={**report.as_dict(), "synonym_knn": knn_info},
-        timings=timings,
+        report=report,
+        timings=stages.seconds,
+        passage_triples=[list(t) for t in state.triples],
+        passage_malformed=state.malformed,
+        passage_error=state.error,
+        synonym_src=torch.from_numpy(synonyms.src.astype(np.int64)),
+        synonym_dst=torch.from_numpy(synonyms.dst.astype(np.int64)),
+        synonym_score=torch.from_numpy(synonyms.score.astype(np.float32)),
     )
-    if out_dir is not None:
-        index.save(out_dir)
-        lap("save")
-    index.timings = timings
-    return index.to(dev) if dev.type != "cpu" else index
 
 
 def _log_report(report: OpenIEReport) -> None:

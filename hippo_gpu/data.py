@@ -207,6 +207,7 @@ class OpenIEDoc:
     entities: tuple[str, ...]
     triples: tuple[Triple, ...]  # raw (unnormalised) but well-formed triples
     error: str | None = None
+    malformed: tuple[tuple[str, int], ...] = ()  # (reason, count) of the triples skipped
 
 
 def _check_triple(t: Any) -> str | None:
@@ -254,6 +255,7 @@ def read_openie(
             continue
         triples: list[Triple] = []
         seen: set[Triple] = set()
+        bad: Counter[str] = Counter()
         raw = d.get("extracted_triples") or []
         if not isinstance(raw, list):
             raw = []
@@ -262,6 +264,7 @@ def read_openie(
             reason = _check_triple(t)
             if reason is not None:
                 report.malformed_triples[reason] += 1
+                bad[reason] += 1
                 continue
             tt = (t[0], t[1], t[2])
             if tt not in seen:
@@ -269,7 +272,8 @@ def read_openie(
                 triples.append(tt)
         ents = tuple(e for e in (d.get("extracted_entities") or []) if isinstance(e, str))
         error = d.get("error") if isinstance(d.get("error"), str) else None
-        by_key[key] = OpenIEDoc(entities=ents, triples=tuple(triples), error=error)
+        by_key[key] = OpenIEDoc(entities=ents, triples=tuple(triples), error=error,
+                                malformed=tuple(sorted(bad.items())))
     missing = [p.content for p in corpus if p.key not in by_key]
     if missing and not allow_missing:
         raise CoverageError(missing)

@@ -34,3 +34,17 @@ def set_threads(threads: int | None) -> int:
             raise ValueError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+# Precision of the device-resident embeddings and of the scores computed from them. One default
+# on every device: float32 (it reproduces the official figures); half precision only on request.
+PRECISIONS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a precision name ("float32", "float16" or "bfloat16")."""
+    try:
+        return PRECISIONS[precision]
+    except KeyError:
+        raise ValueError(f"unknown precision {precision!r}; use one of {tuple(PRECISIONS)}") \
+            from None

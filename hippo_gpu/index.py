@@ -17,10 +17,9 @@ import torch
 
 from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Triple
-from hippo_gpu.device import resolve_device
-from hippo_gpu.embed import embeddings_dtype
+from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
-from hippo_gpu.store import IndexFormatError, read_index_dir, write_index_dir
+from hippo_gpu.store import IndexFormatError, read_index_dir, write_version, writer_lock
 
 __all__ = ["Index", "IndexFormatError", "__version__", "load_index"]
 
@@ -38,6 +37,15 @@ class Index:
     Shapes: adjacency [N, N] sparse CSR (symmetric, float32); passage_nodes [P];
     fact_phrases [F, 2]; phrase_passage_counts [M]; passage_emb [P, D]; phrase_emb [M, D];
     fact_emb [F, D]; incidence_phrase / incidence_passage [E_p] (phrase row, passage row) pairs.
+
+    What a writer needs to change the index exactly (hippo_gpu.writer), also stored:
+    passage_triples [P] lists of normalised triples (with their multiplicity), passage_malformed
+    [P] malformed-triple counts by reason, passage_error [P] OpenIE error flags, and the
+    accepted synonym assignments synonym_src / synonym_dst / synonym_score [S] (phrase rows).
+
+    `precision` is the dtype of the device-resident embeddings, hence of every cosine computed
+    from them: "float32" (the default on every device) unless "float16" or "bfloat16" is asked
+    for (load_index / build_index / to). The files on disk always hold float32.
     """
 
     config: IndexConfig
@@ -58,7 +66,15 @@ class Index:
     counts: dict[str, int]
     report: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    passage_triples: list[list[Triple]] = field(default_factory=list)
+    passage_malformed: list[dict[str, int]] = field(default_factory=list)
+    passage_error: list[bool] = field(default_factory=list)
+    synonym_src: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    synonym_dst: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    synonym_score: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     path: Path | None = None
+    version: int | None = None  # the committed version this was loaded from (None: unsaved)
+    precision: str = "float32"
 
     @property
     def phrase_keys(self) -> list[str]:
@@ -85,6 +101,7 @@ class Index:
         out["passages_without_triples"] = int(self.report.get("passages_without_triples", 0))
         out["embedding_dim"] = int(self.passage_emb.shape[1])
         out["encoder"] = self.config.encoder.model
+        out["precision"] = self.precision
         return out
 
     @cached_property
@@ -101,10 +118,14 @@ class Index:
         """Passage row (0..P-1) of a chunk key; KeyError if the key is not indexed."""
         return self.row_of_key[key]
 
-    def to(self, device: str | torch.device) -> Index:
-        """Move tensors to `device` (embeddings become float16 on CUDA, float32 on CPU)."""
+    def to(self, device: str | torch.device, precision: str | None = None) -> Index:
+        """This index on `device`, its embeddings at `precision` (default: unchanged).
+
+        The precision never depends on the device: float32 stays float32 on CUDA.
+        """
         dev = resolve_device(device)
-        emb_dtype = embeddings_dtype(dev)
+        precision = precision or self.precision
+        emb_dtype = precision_dtype(precision)
         moved = replace(
             self,
             adjacency=self.adjacency.to(dev),
@@ -116,11 +137,23 @@ class Index:
             passage_emb=self.passage_emb.to(dev, emb_dtype),
             phrase_emb=self.phrase_emb.to(dev, emb_dtype),
             fact_emb=self.fact_emb.to(dev, emb_dtype),
+            precision=precision,
         )
         return moved
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write this index to `out_dir` atomically."""
+        """Write this index to `out_dir` as its new current version, atomically (see store.py).
+
+        Takes the directory's writer lock: a concurrent writer gets WriterLockedError.
+        """
+        with writer_lock(out_dir):
+            path = write_version(out_dir, *self.payload())
+        self.path = path
+        return path
+
+    def payload(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]],
+                               dict[str, dict[str, Any]]]:
+        """(manifest, tensor groups, tables): what store.write_version writes."""
         manifest = {
             "hippo_gpu_version": __version__,
             "config": self.config.as_dict(),
@@ -139,6 +172,9 @@ class Index:
                 "phrase_passage_counts": self.phrase_passage_counts,
                 "incidence_phrase": self.incidence_phrase,
                 "incidence_passage": self.incidence_passage,
+                "synonym_src": self.synonym_src,
+                "synonym_dst": self.synonym_dst,
+                "synonym_score": self.synonym_score.float(),
             },
             "embeddings": {
                 "passage": self.passage_emb.float(),
@@ -153,23 +189,28 @@ class Index:
                 "passage_texts": self.passage_texts,
                 "phrases": self.phrases,
                 "facts": [list(f) for f in self.facts],
+                "passage_triples": [[list(t) for t in ts] for ts in self.passage_triples],
+                "passage_malformed": self.passage_malformed,
+                "passage_error": self.passage_error,
             }
         }
-        path = write_index_dir(out_dir, manifest, tensors, tables)
-        self.path = path
-        return path
+        return manifest, tensors, tables
 
 
 def load_index(
     path: str | Path,
     device: str | torch.device = "auto",
     *,
+    precision: str = "float32",
     encoder: str | None = None,
     verify: bool = True,
 ) -> Index:
     """Load an index directory onto `device`, verifying checksums and the format version.
 
     Args:
+        precision: dtype of the embeddings on the device (and so of the scores): "float32"
+            (default, on every device), "float16" or "bfloat16" (half the memory; see the
+            README for their measured effect on rankings).
         encoder: if given, the encoder the caller intends to query with; a mismatch with the
             encoder the index was built with raises IndexFormatError.
     """
@@ -193,26 +234,38 @@ def load_index(
     adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
     phrases = t["phrases"]
     facts = [tuple(f) for f in t["facts"]]
-    index = Index(
-        config=config,
-        adjacency=adjacency,
-        passage_nodes=g["passage_nodes"],
-        passage_keys=t["passage_keys"],
-        passage_titles=t["passage_titles"],
-        passage_texts=t["passage_texts"],
-        phrases=phrases,
-        facts=facts,  # type: ignore[arg-type]
-        fact_phrases=g["fact_phrases"],
-        phrase_passage_counts=g["phrase_passage_counts"],
-        incidence_phrase=g["incidence_phrase"],
-        incidence_passage=g["incidence_passage"],
-        passage_emb=e["passage"],
-        phrase_emb=e["phrase"],
-        fact_emb=e["fact"],
-        counts=manifest.get("counts", {}),
-        report=manifest.get("openie_report", {}),
-        timings=manifest.get("build_seconds", {}),
-        path=Path(path),
-    )
+    try:
+        index = Index(
+            config=config,
+            adjacency=adjacency,
+            passage_nodes=g["passage_nodes"],
+            passage_keys=t["passage_keys"],
+            passage_titles=t["passage_titles"],
+            passage_texts=t["passage_texts"],
+            phrases=phrases,
+            facts=facts,  # type: ignore[arg-type]
+            fact_phrases=g["fact_phrases"],
+            phrase_passage_counts=g["phrase_passage_counts"],
+            incidence_phrase=g["incidence_phrase"],
+            incidence_passage=g["incidence_passage"],
+            passage_emb=e["passage"],
+            phrase_emb=e["phrase"],
+            fact_emb=e["fact"],
+            counts=manifest.get("counts", {}),
+            report=manifest.get("openie_report", {}),
+            timings=manifest.get("build_seconds", {}),
+            passage_triples=[[tuple(x) for x in ts]  # type: ignore[misc]
+                             for ts in t["passage_triples"]],
+            passage_malformed=t["passage_malformed"],
+            passage_error=t["passage_error"],
+            synonym_src=g["synonym_src"],
+            synonym_dst=g["synonym_dst"],
+            synonym_score=g["synonym_score"],
+            path=Path(path),
+            version=manifest.get("version"),
+        )
+    except KeyError as err:
+        raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
+    precision_dtype(precision)  # validate before moving anything
     dev = resolve_device(device)
-    return index.to(dev) if dev.type != "cpu" else index
+    return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index

@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol, overload
 import torch
 from torch import Tensor
 
+from hippo_gpu import hipporag1
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
 from hippo_gpu.embed import Encoder
@@ -96,22 +97,62 @@ def minmax_rows(x: Tensor) -> Tensor:
 
 
 def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k per row, descending, ties broken by the lower column index (deterministic)."""
-    k = min(k, scores.shape[1])
-    vals, idx = torch.topk(scores, k, dim=1)
-    # re-sort the selected entries by (score desc, index asc)
-    by_idx = torch.sort(idx, dim=1, stable=True)
-    v = vals.gather(1, by_idx.indices)
-    by_val = torch.sort(v, dim=1, descending=True, stable=True)
-    return by_val.values, by_idx.values.gather(1, by_val.indices)
+    """Top-k per row, descending, ties broken by the lower column index, on every device.
+
+    `torch.topk` leaves open which of several equal values at the k-th place it selects, so it
+    is used only to find the k-th largest value v; the selection is then exact: every entry
+    > v, plus the lowest-indexed entries == v until k are taken. The k selected are sorted by
+    (value desc, index asc). The result does not depend on the device, the batch or the run.
+    Rows must hold no NaN.
+    """
+    q, n = scores.shape
+    k = min(k, n)
+    if k == 0 or q == 0:
+        empty = scores.new_zeros((q, 0))
+        return empty, empty.long()
+    kth = torch.topk(scores, k, dim=1).values[:, -1:]  # [Q, 1] the k-th largest value
+    above = scores > kth
+    tied = scores == kth
+    need = k - above.sum(dim=1, keepdim=True)  # how many of the tied entries to take
+    take = above | (tied & (torch.cumsum(tied, dim=1) <= need))  # exactly k per row
+    idx = take.nonzero()[:, 1].reshape(q, k)  # row-major: ascending column index per row
+    vals = scores.gather(1, idx)
+    by_val = torch.sort(vals, dim=1, descending=True, stable=True)
+    return by_val.values, idx.gather(1, by_val.indices)
 
 
 def ranks_of(scores: Tensor) -> Tensor:
-    """[Q, P] -> 0-based rank of each entry in its row (descending; ties by lower index)."""
+    """[Q, P] -> int64 0-based rank of each entry in its row (descending; ties by lower index).
+
+    Integer ranks are exact for any P (a float32 rank would be exact only below 2^24).
+    """
     order = torch.sort(scores, dim=1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
-    return ranks.to(scores.dtype)
+    return ranks
+
+
+def _segment_mean(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:
+    """Mean of `values` per segment id, summed in a fixed order on every device.
+
+    `index_add_` is atomic on CUDA: the order of its float additions, hence the last bits of a
+    sum, varies from run to run, enough to reorder near-ties at a top-k cut. Here each segment's
+    values are laid out in a [S, W] table in their input order (W = the largest segment) and
+    added column by column, so every sum is ((v0 + v1) + v2) + ... whatever the device, the
+    batch or the run (padding adds exact zeros at the end). W is at most 2 x linking_top_k.
+    """
+    order = torch.sort(segment, stable=True).indices  # input order kept within a segment
+    seg_sorted = segment.index_select(0, order)
+    counts = torch.bincount(segment, minlength=n_segments)  # [S]
+    start = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(segment.numel(), device=segment.device) - start.index_select(0, seg_sorted)
+    width = int(counts.max()) if counts.numel() else 0
+    table = values.new_zeros((n_segments, max(width, 1)))
+    table[seg_sorted, pos] = values.index_select(0, order)
+    total = table[:, 0].clone()
+    for j in range(1, width):  # W <= 2 x linking_top_k columns, not a loop over data
+        total += table[:, j]
+    return total / counts.clamp_min(1).to(values.dtype)
 
 
 def _phrase_seeds(
@@ -139,10 +180,7 @@ def _phrase_seeds(
     qrow = torch.arange(q, device=ends.device).unsqueeze(1).expand(q, n_cand * 2)
     key = (qrow * m + ends)[kept2]
     uniq, inv = torch.unique(key, return_inverse=True)  # sorted by (query, phrase)
-    total = torch.zeros(uniq.numel(), dtype=contrib.dtype, device=contrib.device)
-    total.index_add_(0, inv, contrib[kept2])
-    n_occ = torch.zeros_like(total).index_add_(0, inv, torch.ones_like(contrib[kept2]))
-    weight = total / n_occ
+    weight = _segment_mean(contrib[kept2], inv, uniq.numel())
     uq, up = uniq // m, uniq % m
     # order by (query asc, weight desc, phrase asc): stable sorts, least significant key first
     o1 = torch.sort(weight, descending=True, stable=True).indices
@@ -248,22 +286,29 @@ class Searcher:
             accept a per-call override.
         query_precision: query encoder precision (default: the index's encoder precision).
         query_batch_size: query encoder batch size (default: the index's encoder setting).
+        query_backend: what runs the query encoder: "auto" (ONNX Runtime on a CPU when the
+            `onnx` extra is installed and its vectors pass the parity check against torch,
+            else torch), "torch" or "onnx". See hippo_gpu.embed.Encoder.
         encoder: an already loaded query encoder of the index's model to reuse.
         cache_dir: embedding cache for the encoder (queries are not cached; entity texts are).
     """
 
     def __init__(self, index: Index, config: RetrievalConfig | None = None, *,
                  query_precision: str | None = None, query_batch_size: int | None = None,
-                 encoder: Encoder | None = None, cache_dir: str | Path | None = None) -> None:
+                 query_backend: str = "auto", encoder: Encoder | None = None,
+                 cache_dir: str | Path | None = None) -> None:
         self.index = index
         self.config = config or RetrievalConfig()
         enc = self.index.config.encoder
         self.encoder_config = replace(
             enc, precision=query_precision or enc.precision,
-            query_batch_size=query_batch_size or enc.query_batch_size)
+            query_batch_size=query_batch_size or enc.query_batch_size,
+            backend=query_backend)
         self._query_encoder = encoder
         self._cache_dir = cache_dir
         self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
+        self._hipporag1: hipporag1.V1Graph | None = None  # v1 graph, built on first use
+        self._uncased: bool | None = None
 
     @property
     def device(self) -> torch.device:
@@ -280,6 +325,20 @@ class Searcher:
                     f"the index holds dim {self.index.passage_emb.shape[1]}")
             self._query_encoder = enc
         return self._query_encoder
+
+    @property
+    def encoder_is_uncased(self) -> bool:
+        """Whether the query encoder's tokenizer lower-cases its input (checked on a probe), so
+        that a text and its lower-cased form get the same vector. False when unknown."""
+        if self._uncased is None:
+            tok = getattr(getattr(self.encoder, "model", None), "tokenizer", None)
+            probe = "Marta Quill Of HARROWGATE"
+            try:
+                self._uncased = tok is not None and \
+                    tok(probe)["input_ids"] == tok(probe.lower())["input_ids"]
+            except (TypeError, KeyError):
+                self._uncased = False
+        return self._uncased
 
     def warm_up(self, modes: Sequence[str] = ("dense", "hipporag2")) -> None:
         """Load the encoder and build the solvers now, so the first real query does not wait."""
@@ -488,14 +547,15 @@ class Searcher:
         entity uses its dense ranking there.
         """
         w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
-        rank_dense = ranks_of(cos)
-        final = (1 - e) * w / (k + ranks_of(ppr)) + (1 - e) * (1 - w) / (k + rank_dense)
+        # float64 fusion of exact integer ranks: no rounding collapses two ranks for any P
+        rank_dense = ranks_of(cos).double()
+        final = (1 - e) * w / (k + ranks_of(ppr).double()) + (1 - e) * (1 - w) / (k + rank_dense)
         if e > 0:
             if query_entities is None:
                 query_entities = heuristic_entities(queries)
             _check_entities(queries, query_entities)
             doc, has_ent = self.entity_scores(query_entities, cfg)
-            rank_ent = ranks_of(doc).masked_fill(doc <= 0, float(doc.shape[1]))
+            rank_ent = ranks_of(doc).masked_fill(doc <= 0, doc.shape[1]).double()
             rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
             final = final + e / (k + rank_ent)
         return final
@@ -512,12 +572,14 @@ class Searcher:
 
     def entity_scores(self, query_entities: Sequence[Sequence[str]],
                       cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
-        """HippoRAG 1 passage scores from query entities.
+        """The hybrid mode's entity ranking: HippoRAG 1's idea, simplified (tuned as it is).
 
         Each entity is linked to the phrase equal to its lower-cased text, else to its nearest
-        phrase by cosine (as upstream v1); the phrase gets reset weight
-        1 / |passages containing it| (node specificity); PPR runs on the phrase-only graph; a
-        passage scores the sum of its phrases' PPR, min-max normalised per query.
+        phrase by cosine; the phrase gets reset weight 1 / |passages containing it| (node
+        specificity); PPR runs on the phrase block of the index graph; a passage scores the sum
+        of the PPR of the phrases it mentions (binary passage-phrase incidence, where legacy v1
+        weights a phrase by the facts of the passage that name it), min-max normalised per
+        query. Legacy v1 itself is mode "hipporag1" (hippo_gpu.hipporag1).
 
         Returns:
             scores: [Q, P] float32 (rows of queries without entities are zero).
@@ -531,10 +593,10 @@ class Searcher:
         has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
         if not flat or m == 0:
             return torch.zeros((q, p), device=dev), has_ent
-        # Linking: an entity whose lower-cased text is a phrase links to it without encoding (with
-        # the default, uncased encoder that is exactly the cosine argmax); others go to the nearest
-        # phrase by cosine.
-        row_of = index.row_of_phrase
+        # Linking: with an encoder verified uncased, an entity whose lower-cased text is a phrase
+        # links to it without encoding (its vector is the phrase's: exactly the cosine argmax);
+        # every other entity goes to the nearest phrase by cosine.
+        row_of = index.row_of_phrase if self.encoder_is_uncased else {}
         exact = [row_of.get(e.lower(), -1) for e in flat]
         todo = [i for i, r in enumerate(exact) if r < 0]
         nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
@@ -560,23 +622,36 @@ class Searcher:
     def _rank_hipporag1(self, queries: list[str],
                         query_entities: Sequence[Sequence[str]] | None, top_k: int,
                         cfg: RetrievalConfig, clock: _Clock) -> Ranking:
-        """HippoRAG 1 ranking (see entity_scores); queries without entities get the dense one."""
+        """Legacy HippoRAG 1 ranking (hippo_gpu.hipporag1, eqs. 1-2): entities -> nearest
+        phrase by the index encoder's cosine -> specificity-weighted PPR on the v1 phrase graph
+        -> minmax(D FP x). A query without entities gets uniform scores 1/P (row order), as v1
+        does; dense_fallback is False for every query (no dense ranking is used)."""
         if query_entities is None:
             raise ValueError(
                 "mode 'hipporag1' needs the named entities of each query: pass query_entities "
                 "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
                 "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
         _check_entities(queries, query_entities)
-        e_pass, _ = self.encode_queries(queries)
-        passage_emb = self.index.passage_emb
-        dense = minmax_rows(e_pass.to(passage_emb.dtype) @ passage_emb.T).float()
-        clock.lap("encode")
-        doc, has_ent = self.entity_scores(query_entities, cfg)
+        index, dev = self.index, self.index.device
+        if self._hipporag1 is None:
+            self._hipporag1 = hipporag1.build_v1_graph(index)
+            clock.lap("graph")
+        texts, owner = hipporag1.flatten_entities(query_entities)
+        rows = torch.zeros(0, dtype=torch.int64, device=dev)
+        if texts and index.phrases:
+            rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb)
+        clock.lap("link")
+        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol)
+        if key not in self._solvers:
+            self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
+        scores, _ = hipporag1.passage_scores(
+            self._hipporag1, self._solvers[key], rows,
+            torch.tensor(owner, dtype=torch.int64, device=dev), len(queries))  # [Q, P]
         clock.lap("ppr")
-        final = torch.where(has_ent.unsqueeze(1), doc, dense)
-        scores, rows = topk_stable(final, top_k)
+        top_scores, top_rows = topk_stable(scores, top_k)
         clock.lap("rank")
-        return Ranking(rows, scores, clock.seconds, ~has_ent)
+        return Ranking(top_rows, top_scores, clock.seconds,
+                       torch.zeros(len(queries), dtype=torch.bool, device=dev))
 
     def hipporag2_reset_vectors(self, queries: Sequence[str],
                                 config: RetrievalConfig | None = None) -> Tensor:

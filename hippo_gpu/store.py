@@ -1,21 +1,35 @@
-"""Save/load an index directory: safetensors + JSON, atomic, checksummed; nothing executable.
+"""The index directory: versioned, atomic, checksummed (safetensors + JSON; nothing executable).
 
-Layout:
-    manifest.json          format + version, config, encoder identity, counts, per-file sha256
-    graph.safetensors      adjacency CSR parts and integer tables
-    embeddings.safetensors passage / phrase / fact embedding matrices (float32)
-    tables.json            key <-> row tables and texts
-A directory is written under a temporary name beside the target and renamed into place, so a
-crash never leaves a half-written index where a complete one is expected.
+Layout of an index directory DIR:
+
+    DIR/manifest.json     the commit point: names the current version, its files and their
+                          sha256, the config, encoder identity and counts
+    DIR/v000007/          one version's files: graph.safetensors, embeddings.safetensors,
+                          tables.json (and .readers, the readers' lock file)
+    DIR/.writer.lock      the single-writer lock (flock; the OS releases it if a writer dies)
+
+A commit writes a new version directory under a temporary name, fsyncs every file, renames it
+to vNNNNNN, fsyncs DIR, then replaces manifest.json atomically (write a temporary file, fsync,
+rename, fsync DIR). A writer killed at any point therefore leaves manifest.json naming either
+the old version or the new one, each complete and verifiable; leftovers of a killed writer
+(temporary directories, versions no manifest names) are removed by the next writer or by
+`collect_garbage`. A reader reads manifest.json once and then only that version's files,
+holding a shared lock on the version's `.readers` file while it reads, so garbage collection
+(which needs the exclusive lock) never deletes files under a reader. Files and directories get
+the user's umask permissions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +37,24 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMAT = "hippo-gpu-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+WRITER_LOCK = ".writer.lock"
+READERS_LOCK = ".readers"
+_VERSION = re.compile(r"^v(\d{6})$")
+
+# A commit's steps in order; `on_step(name)` is called before each (fault-injection tests kill
+# the writer there).
+COMMIT_STEPS = ("write_files", "fsync_files", "rename_version", "write_manifest",
+                "rename_manifest", "collect_garbage")
 
 
 class IndexFormatError(ValueError):
     """An index directory is missing, corrupt, of another format version or incompatible."""
+
+
+class WriterLockedError(RuntimeError):
+    """Another writer holds the index directory's lock."""
 
 
 def sha256_file(path: Path) -> str:
@@ -38,57 +65,174 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_index_dir(
-    out_dir: str | Path,
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux), else by the set-and-restore dance."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def is_index_dir(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+@contextlib.contextmanager
+def writer_lock(index_dir: str | Path) -> Iterator[None]:
+    """Hold DIR's single-writer lock (non-blocking: a second writer gets WriterLockedError)."""
+    root = Path(index_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / WRITER_LOCK
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                raise WriterLockedError(
+                    f"{root}: another writer holds the index (pid {holder}); wait for it to "
+                    "commit, or stop it") from None
+            raise
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            f.flush()
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _versions(root: Path) -> list[int]:
+    out = []
+    for p in root.iterdir() if root.is_dir() else []:
+        m = _VERSION.match(p.name)
+        if m and p.is_dir():
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def write_version(
+    index_dir: str | Path,
     manifest: dict[str, Any],
     tensors: dict[str, dict[str, torch.Tensor]],
     tables: dict[str, dict[str, Any]],
+    *,
+    on_step: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write `{name}.safetensors` for each tensor group, `{name}.json` for each table, and the
-    manifest with their sha256, into a temp dir that is then swapped into `out_dir`."""
-    out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    """Commit a new version of the index at `index_dir` (the caller holds the writer lock).
+
+    Writes `{name}.safetensors` per tensor group and `{name}.json` per table into a new version
+    directory, then makes it current by replacing manifest.json (see the module docstring).
+    Refuses a non-empty directory that is not an index. Returns the index directory.
+    """
+    step = on_step or (lambda name: None)
+    root = Path(index_dir).resolve()
+    if root.exists() and any(p for p in root.iterdir() if p.name != WRITER_LOCK) \
+            and not is_index_dir(root):
+        raise IndexFormatError(
+            f"{root} exists, is not empty and is not a hippo-gpu index; refusing to write there")
+    root.mkdir(parents=True, exist_ok=True)
+    existing = _versions(root)
+    version = (existing[-1] + 1) if existing else 1
+    name = f"v{version:06d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
     try:
+        step("write_files")
         files: dict[str, dict[str, Any]] = {}
-        for name, group in tensors.items():
-            path = tmp / f"{name}.safetensors"
-            save_file({k: v.detach().cpu().contiguous() for k, v in group.items()}, str(path))
-            files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-        for name, table in tables.items():
-            path = tmp / f"{name}.json"
+        written: list[Path] = []
+        for group, group_tensors in tensors.items():
+            path = tmp / f"{group}.safetensors"
+            save_file({k: v.detach().cpu().contiguous() for k, v in group_tensors.items()},
+                      str(path))
+            written.append(path)
+        for group, table in tables.items():
+            path = tmp / f"{group}.json"
             with path.open("w", encoding="utf-8") as f:
                 json.dump(table, f, ensure_ascii=False)
-            files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
-                    "files": files}
-        with (tmp / "manifest.json").open("w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _swap_into_place(tmp, out)
+            written.append(path)
+        (tmp / READERS_LOCK).touch()
+        step("fsync_files")
+        mode = 0o666 & ~_umask()  # safetensors writes 0600: give files the user's permissions
+        for path in written:
+            os.chmod(path, mode)
+            _fsync_path(path)
+            files[f"{name}/{path.name}"] = {"sha256": sha256_file(path),
+                                            "bytes": path.stat().st_size}
+        _fsync_path(tmp)
+        step("rename_version")
+        os.rename(tmp, root / name)
+        _fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+    step("write_manifest")
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
+            "version": version, "files": files}
+    tmp_manifest = root / f".{MANIFEST}.tmp-{os.getpid()}"
+    with tmp_manifest.open("w", encoding="utf-8") as f:
+        json.dump(full, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    step("rename_manifest")
+    os.replace(tmp_manifest, root / MANIFEST)  # the commit point
+    _fsync_path(root)
+    step("collect_garbage")
+    collect_garbage(root)
+    return root
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise IndexFormatError(
-            f"{out} exists, is not empty and is not a hippo-gpu index; refusing to replace it")
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    old.rmdir()
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+def collect_garbage(index_dir: str | Path) -> list[str]:
+    """Remove what no manifest names: older versions no reader holds, and a killed writer's
+    temporary files. Call with the writer lock held. Returns the removed names."""
+    root = Path(index_dir)
+    current = read_manifest(root).get("version") if is_index_dir(root) else None
+    removed = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-") or p.name.startswith(f".{MANIFEST}.tmp-"):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p.name)
+            continue
+        m = _VERSION.match(p.name)
+        # without a manifest no version is known to be garbage: keep them all
+        if not m or not p.is_dir() or current is None or int(m.group(1)) == current:
+            continue
+        lock = p / READERS_LOCK
+        try:
+            with lock.open("a") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+        except OSError:  # a reader holds it: the next collection removes it
+            continue
+    return removed
 
 
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:
-    path = Path(index_dir) / "manifest.json"
+    path = Path(index_dir) / MANIFEST
     if not path.exists():
         raise IndexFormatError(f"{path}: missing; {index_dir} is not a hippo-gpu index")
     try:
@@ -108,24 +252,48 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
 def read_index_dir(
     index_dir: str | Path, *, verify: bool = True
 ) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
-    """Read and verify an index dir: (manifest, tensor groups, tables)."""
+    """Read and verify the current version of an index dir: (manifest, tensor groups, tables).
+
+    The manifest is read once; its version's files are read under that version's shared
+    readers lock, so a concurrent commit or garbage collection cannot change what is read.
+    """
     root = Path(index_dir)
-    manifest = read_manifest(root)
+    for _attempt in range(3):
+        manifest = read_manifest(root)
+        version_dir = root / f"v{int(manifest.get('version', 0)):06d}"
+        try:
+            lock_file = (version_dir / READERS_LOCK).open("r")
+        except FileNotFoundError:
+            if is_index_dir(root) and read_manifest(root).get("version") != \
+                    manifest.get("version"):
+                continue  # a commit and a collection ran between the two reads: read again
+            raise IndexFormatError(f"{version_dir}: missing (named by {MANIFEST})") from None
+        with lock_file:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
+            if os.fstat(lock_file.fileno()).st_nlink == 0:
+                continue  # a collection removed the version between open() and flock(): again
+            return manifest, *_read_files(root, manifest, verify)  # type: ignore[return-value]
+    raise IndexFormatError(f"{root}: the index changed three times while being read")
+
+
+def _read_files(root: Path, manifest: dict[str, Any],
+                verify: bool) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     tables: dict[str, Any] = {}
     for name, meta in manifest.get("files", {}).items():
         path = root / name
         if not path.exists():
-            raise IndexFormatError(f"{path}: missing (listed in manifest.json)")
+            raise IndexFormatError(f"{path}: missing (listed in {MANIFEST})")
         if verify and sha256_file(path) != meta.get("sha256"):
             raise IndexFormatError(
                 f"{path}: checksum mismatch, the file is corrupt or was modified; "
                 "rebuild the index")
+        key = Path(name).name
         try:
-            if name.endswith(".safetensors"):
-                tensors[name.removesuffix(".safetensors")] = load_file(str(path))
-            elif name.endswith(".json"):
-                tables[name.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
+            if key.endswith(".safetensors"):
+                tensors[key.removesuffix(".safetensors")] = load_file(str(path))
+            elif key.endswith(".json"):
+                tables[key.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
         except Exception as e:  # noqa: BLE001 - re-raised with the file named
             raise IndexFormatError(f"{path}: unreadable ({e})") from e
-    return manifest, tensors, tables
+    return tensors, tables

@@ -304,3 +304,36 @@ def test_latency_quantiles_are_reported():
     assert 15 <= lat["p50"] <= lat["p95"] <= lat["p99"]
     assert lat["p99"] >= 90
     assert stats.batches_served == 5 and stats.max_batch_size_seen == 1
+
+
+def test_per_query_payload_travels_with_its_query():
+    """A query may carry data (the server's: its entities); merging, chunking and a solo re-run
+    after a failed batch all hand each query to the batched function with its own payload."""
+    calls: list[list[tuple[str, tuple[str, ...] | None]]] = []
+
+    def run_items(items: list[tuple[str, tuple[str, ...] | None]], key: Hashable) -> list[str]:
+        calls.append(list(items))
+        if any(text == "bad" for text, _ in items):
+            raise ValueError("cannot answer 'bad'")
+        return [f"{key}|{text}|{'-' if ents is None else ','.join(ents)}" for text, ents in items]
+
+    async def main():
+        async with MicroBatcher(run_items, BatcherConfig(max_batch=3, max_wait_ms=100)) as b:
+            reqs = [
+                [("a", ("A",)), ("b", None)],
+                [("c", ()), ("d", ("D1", "D2")), ("e", ("E",)), ("f", None)],  # > max_batch
+                [("bad", ("X",))],
+                [("g", ("G",))],
+            ]
+            outs = await asyncio.gather(*(b.submit(r, "k") for r in reqs), return_exceptions=True)
+            return reqs, outs
+
+    reqs, outs = run(main())
+    assert outs[0] == ["k|a|A", "k|b|-"]
+    assert outs[1] == ["k|c|", "k|d|D1,D2", "k|e|E", "k|f|-"]
+    assert isinstance(outs[2], ValueError)
+    assert outs[3] == ["k|g|G"]
+    # Every call received whole (query, payload) pairs exactly as submitted.
+    submitted = {item for r in reqs for item in r}
+    assert all(item in submitted for call in calls for item in call)
+    assert ("bad", ("X",)) in [item for call in calls if len(call) == 1 for item in call]

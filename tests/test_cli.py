@@ -50,3 +50,24 @@ def test_errors_are_clear(tmp_path):
     assert res.exit_code == 2 and "not a hippo-gpu index" in res.output
     res = runner.invoke(app, ["index", "--corpus", "x.json", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--openie" in res.output
+
+
+def test_demo_summarises_every_mode_honestly():
+    import re
+
+    res = runner.invoke(app, ["demo", "--threads", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    counts = {}
+    for mode in ("dense", "hipporag2", "hybrid", "hipporag1"):
+        m = re.search(rf"^{mode} +(\d+)/11 supporting passages in the top 3 \(top 10: "
+                      rf"(\d+)/11\)", res.output, re.M)
+        assert m, f"no summary line for {mode}:\n{res.output}"
+        counts[mode] = int(m[1]), int(m[2])
+    assert "heuristic entities" in res.output
+    for mode in ("hipporag2", "hybrid", "hipporag1"):
+        for k, i in ((3, 0), (10, 1)):
+            got, dense = counts[mode][i], counts["dense"][i]
+            verdict = ("on this tiny sample the graph does not help" if got < dense else
+                       "a tie" if got == dense else f"{got - dense} more than dense")
+            assert (f"{mode} finds {got}/11, dense {dense}/11 in the top {k}: {verdict}"
+                    in res.output), res.output

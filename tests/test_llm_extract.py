@@ -27,6 +27,7 @@ from hippo_gpu.llm.filter import RecognitionMemoryFilter
 from hippo_gpu.llm.ner import NERFileError, QueryNER, read_query_ner_tsv
 from hippo_gpu.llm.parse import ParseStats
 from hippo_gpu.llm.qa import QAReader, f1, normalize_answer, qa_metrics
+from tests.conftest import musique_or_skip
 
 DATA = Path(os.environ.get("HIPPO_DATA_DIR", Path(__file__).resolve().parents[1].parent
                            / "shared" / "data"))
@@ -159,10 +160,9 @@ def test_changed_config_invalidates_cache(tmp_path: Path) -> None:
     assert len(b3.requests) == 4  # new model: nothing reused
 
 
-@pytest.mark.skipif(not (DATA / "musique_train" / "openie_gpt-3.5-turbo-1106.json").exists(),
-                    reason="needs ../shared/data/musique_train (set HIPPO_DATA_DIR)")
 def test_extract_replays_recorded_gpt35_openie(tmp_path: Path) -> None:
     """Replay real gpt-3.5 replies (HippoRAG's released OpenIE) through the extraction path."""
+    musique_or_skip()
     ref = json.loads((DATA / "musique_train" / "openie_gpt-3.5-turbo-1106.json").read_text())
     docs = ref["docs"][:60]
     by_passage = {d["passage"]: d for d in docs}

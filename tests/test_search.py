@@ -112,7 +112,9 @@ def test_hybrid_and_hipporag1_modes(sample_index, sample_searcher):
         sample_searcher.retrieve(QUERIES, mode="hipporag1")
     ents = [["tidal clock"], ["Lumen Museum", "Edwin Pell"], []]
     r = sample_searcher.rank(QUERIES, top_k=5, mode="hipporag1", query_entities=ents)
-    assert r.dense_fallback.tolist() == [False, False, True]
+    # legacy v1: a query without entities gets uniform scores (not the dense ranking)
+    assert r.dense_fallback.tolist() == [False, False, False]
+    assert r.scores[2].unique().numel() == 1 and r.passage_rows[2].tolist() == list(range(5))
     titles = [sample_index.passage_titles[j] for j in r.passage_rows[0].tolist()]
     assert "Tidal clock" in titles[:3]
 
@@ -128,13 +130,15 @@ def test_hybrid_entity_part(sample_index, sample_searcher):
     assert auto.passage_rows.tolist() == given.passage_rows.tolist()
     without = sample_searcher.rank(QUERIES, top_k=30, mode="hybrid", config=cfg0)
     assert auto.passage_rows.tolist() != without.passage_rows.tolist()
-    # the entity ranking alone (weight 1) is the hipporag1 ranking where a query has entities
+    # the entity ranking alone (weight 1) is the v2-graph entity ranking where a query has
+    # entities (hybrid keeps its tuned entity scores; hipporag1 is legacy v1, tested apart)
+    ents = [["tidal clock"], ["Lumen Museum"]]
     only = sample_searcher.rank(QUERIES[:2], top_k=5, mode="hybrid",
-                config=RetrievalConfig(hybrid_entity_weight=1.0),
-                query_entities=[["tidal clock"], ["Lumen Museum"]])
-    v1 = sample_searcher.rank(QUERIES[:2], top_k=5, mode="hipporag1",
-              query_entities=[["tidal clock"], ["Lumen Museum"]])
-    assert only.passage_rows.tolist() == v1.passage_rows.tolist()
+                                config=RetrievalConfig(hybrid_entity_weight=1.0),
+                                query_entities=ents)
+    doc, has = sample_searcher.entity_scores(ents, RetrievalConfig())
+    assert has.all()
+    assert only.passage_rows.tolist() == topk_stable(doc, 5)[1].tolist()
 
 
 def test_bad_arguments(sample_index, sample_searcher):

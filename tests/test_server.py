@@ -2,9 +2,10 @@
 
 Every test starts uvicorn on a free loopback port (in a thread, or the CLI in a subprocess) and
 talks to it over HTTP. Served rankings are compared with offline `Searcher.retrieve` on the same
-index. Where a test needs a request to stay in flight (queue overflow, shutdown), the index is
-wrapped in a gate that holds `retrieve` until the test opens it; the ranking still comes from the
-real index.
+index, with the same entities, in every mode (tests/test_openapi.py checks the schema itself).
+Where a test needs a request to stay in flight (queue overflow, shutdown), the index is wrapped
+in a gate that holds `retrieve` until the test opens it; the ranking still comes from the real
+index.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 
+from hippo_gpu.config import MODES  # noqa: E402
+from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "hippo_gpu" / "sample"
-MODES = ("hipporag2", "dense", "hybrid")
 TOKEN = "test-token-8c1f"
 
 
@@ -43,27 +44,10 @@ TOKEN = "test-token-8c1f"
 # fixtures
 
 
-def _sample_paths() -> tuple[Path, Path]:
-    try:
-        from hippo_gpu.sample import paths
-    except ImportError:
-        return SAMPLE / "corpus.json", SAMPLE / "openie.json"
-    p = paths()
-    return Path(p["corpus"]), Path(p["openie"])
-
-
 @pytest.fixture(scope="module")
-def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        from hippo_gpu import build_index
-    except ImportError:
-        pytest.skip("hippo_gpu.build_index is not available yet (index/search modules missing)")
-    corpus, openie = _sample_paths()
-    if not (corpus.is_file() and openie.is_file()):
-        pytest.skip(f"bundled sample corpus/OpenIE not found at {corpus.parent}")
-    out = tmp_path_factory.mktemp("sample_index")
-    build_index(corpus, openie, out)
-    return out
+def index_dir(sample_index_dir: Path) -> Path:
+    """The bundled sample, indexed once per session (tests/conftest.py); a build error fails."""
+    return sample_index_dir
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +110,8 @@ def serving(searcher: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.
         assert not thread.is_alive(), "server thread did not stop"
 
 
-def _offline(searcher: Any, queries: list[str], top_k: int, mode: str) -> list[list[dict]]:
+def _offline(searcher: Any, queries: list[str], top_k: int, mode: str,
+             entities: list[list[str]] | None = None) -> list[list[dict]]:
     text_of = dict(zip(searcher.index.passage_keys, searcher.index.passage_texts, strict=True))
     return [
         [
@@ -134,7 +119,7 @@ def _offline(searcher: Any, queries: list[str], top_k: int, mode: str) -> list[l
              "rank": h.rank}
             for h in hits
         ]
-        for hits in searcher.retrieve(queries, top_k=top_k, mode=mode)
+        for hits in searcher.retrieve(queries, top_k=top_k, mode=mode, query_entities=entities)
     ]  # fmt: skip
 
 
@@ -158,18 +143,39 @@ def _assert_no_leak(body: str, index_dir: Path) -> None:
 # tests
 
 
+def _entity_variants(queries: list[str]) -> list[list[list[str]] | None]:
+    """Ways to send the entities of `queries`: absent, spelled out, empty, borrowed, wrong case."""
+    spans = heuristic_entities(queries)
+    borrowed = [spans[(i + 1) % len(spans)] or ["Stanford University"] for i in range(len(spans))]
+    return [
+        None,  # hybrid: capitalised spans inside Searcher; hipporag1 cannot do without
+        spans,  # the same spans, given explicitly
+        [[] for _ in queries],  # no entity for any query
+        borrowed,  # another query's entities: a different entity ranking
+        [[e.lower() for e in ents] + ["alzheimer"] for ents in spans],  # linked by cosine
+    ]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mode: str) -> None:
-    try:
-        searcher.retrieve(queries[:1], top_k=5, mode=mode)
-    except (ValueError, NotImplementedError) as e:
-        pytest.skip(f"the searcher does not serve mode {mode!r} offline here: {e}")
-    # Requests of 1-3 queries with two different top_k, sent at once; a 50 ms wait lets them meet.
+    """Merged into batches, every request gets exactly its own offline ranking, in every mode.
+
+    Requests of 1-3 queries with two top_k and every way of giving entities are sent at once;
+    a 50 ms wait lets them meet. hipporag1 always sends entities (it needs them), hybrid mixes
+    requests with and without them, dense and hipporag2 get entities too (they ignore them).
+    """
     requests = []
     for i in range(24):
         n = 1 + i % 3
         qs = [queries[(i + j) % len(queries)] for j in range(n)]
-        requests.append({"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode})
+        variants = _entity_variants(qs)
+        if mode == "hipporag1":
+            variants = variants[1:]
+        req: dict[str, Any] = {"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode}
+        ents = variants[(i // 3) % len(variants)]
+        if ents is not None:
+            req["entities"] = ents
+        requests.append(req)
     config = ServerConfig(BatcherConfig(max_batch=16, max_wait_ms=50, max_queue=256))
 
     async def send_all(url: str) -> list[Any]:
@@ -180,19 +186,55 @@ def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mod
         responses = asyncio.run(send_all(url))
         stats = httpx.get(url + "/v1/stats").json()["batcher"]
 
+    differs_from_heuristic = False
     for req, resp in zip(requests, responses, strict=True):
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["seeds"] is None
-        offline = _offline(searcher, req["queries"], req["top_k"], mode)
+        ents = req.get("entities")
+        offline = _offline(searcher, req["queries"], req["top_k"], mode, ents)
         assert len(body["results"]) == len(req["queries"])
         for served, expected in zip(body["results"], offline, strict=True):
             assert len(served) == min(req["top_k"], len(searcher.index.passage_keys))
             _assert_same_ranking(served, expected)
+        if mode == "hybrid" and ents is not None:
+            heuristic = _offline(searcher, req["queries"], req["top_k"], mode, None)
+            differs_from_heuristic |= [[h["key"] for h in r] for r in heuristic] != [
+                [h["key"] for h in r] for r in offline
+            ]
+    if mode == "hybrid":
+        # Otherwise serving a with-entities query in a batch without them would go unnoticed.
+        assert differs_from_heuristic, "no request's entities changed its hybrid ranking"
     n_queries = sum(len(r["queries"]) for r in requests)
     assert stats["queries_served"] == n_queries
     assert stats["max_batch_size_seen"] <= 16
     assert stats["batches_served"] < len(requests)  # requests really were merged
+
+
+def test_hybrid_batch_mixing_entities_and_heuristic(searcher: Any, queries: list[str]) -> None:
+    """One query, sent at once with and without entities, gets both offline answers."""
+    q = queries[0]
+    given = [["alzheimer"]]  # not the heuristic's "Stanford University"
+    assert heuristic_entities([q]) != given
+    config = ServerConfig(BatcherConfig(max_batch=16, max_wait_ms=300, max_queue=64))
+    bodies = [{"queries": [q], "top_k": 10, "mode": "hybrid", **({"entities": given} if i % 2
+              else {})} for i in range(6)]  # fmt: skip
+
+    async def send_all(url: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/retrieve", json=b) for b in bodies))
+
+    with serving(searcher, config) as (url, _):
+        responses = asyncio.run(send_all(url))
+        stats = httpx.get(url + "/v1/stats").json()["batcher"]
+    alone = {None: _offline(searcher, [q], 10, "hybrid")[0],
+             "given": _offline(searcher, [q], 10, "hybrid", given)[0]}  # fmt: skip
+    assert [h["key"] for h in alone[None]] != [h["key"] for h in alone["given"]]
+    for body, resp in zip(bodies, responses, strict=True):
+        assert resp.status_code == 200, resp.text
+        _assert_same_ranking(resp.json()["results"][0], alone["given" if "entities" in body
+                                                              else None])  # fmt: skip
+    assert stats["batches_served"] < len(bodies)  # requests really were merged
 
 
 def test_overflow_gets_429_and_queued_requests_still_complete(
@@ -238,39 +280,75 @@ def test_overflow_gets_429_and_queued_requests_still_complete(
 
 
 def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
-    config = ServerConfig(max_queries_per_request=4, max_query_chars=100, max_top_k=50)
-    cases_413 = [
-        {"queries": ["q"] * 5},
-        {"queries": ["x" * 101]},
-    ]
+    """Anything outside the schema is 422; only a body over the byte limit is 413."""
+    config = ServerConfig(max_queries_per_request=4, max_query_chars=100, max_top_k=50,
+                          max_entities_per_query=2, max_entity_chars=20)  # fmt: skip
     cases_422 = [
+        {"queries": ["q"] * 5},  # more than max_queries_per_request
+        {"queries": ["x" * 101]},  # longer than max_query_chars
         {"queries": []},
+        {"queries": [""]},
         {"queries": ["   "]},
+        {"queries": ["\u3000\t\x1c"]},  # whitespace beyond ASCII is whitespace too
         {"queries": "not a list"},
         {"queries": [1, 2]},
         {"queries": ["q"], "mode": "bm25"},
         {"queries": ["q"], "top_k": 0},
         {"queries": ["q"], "top_k": 51},
+        {"queries": ["q"], "top_k": "5"},  # strict types: no coercion the schema does not allow
+        {"queries": ["q"], "top_k": 5.5},
+        {"queries": ["q"], "return_seeds": "yes"},
         {"queries": ["q"], "unexpected": True},
+        {"queries": ["q"], "mode": "hipporag1"},  # hipporag1 needs entities
+        {"queries": ["q"], "mode": "hipporag1", "entities": None},
+        {"queries": ["q", "r"], "entities": [["a"]], "mode": "hybrid"},  # not one list per query
+        {"queries": ["q"], "entities": [["a", "b", "c"]]},  # more than max_entities_per_query
+        {"queries": ["q"], "entities": [["e" * 21]]},  # longer than max_entity_chars
+        {"queries": ["q"], "entities": [[" "]]},
+        {"queries": ["q"], "entities": ["a"]},
         {},
     ]
-    with serving(searcher, config) as (url, _), httpx.Client(base_url=url) as client:
-        for body in cases_413:
-            r = client.post("/v1/retrieve", json=body)
-            assert r.status_code == 413, (body, r.text)
-            assert "limit" in r.json()["detail"]
-            _assert_no_leak(r.text, index_dir)
+    accepted = [
+        {"queries": ["q"], "top_k": 5.0, "mode": "dense"},  # JSON Schema: 5.0 is an integer
+        {"queries": [" q "], "entities": None, "mode": "hybrid"},
+        {"queries": ["q"], "entities": [[]], "mode": "hipporag1"},
+        {"queries": ["q", "r"], "entities": [["a"], []], "mode": "dense"},  # ignored by dense
+    ]
+    with serving(searcher, config) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         for body in cases_422:
             r = client.post("/v1/retrieve", json=body)
             assert r.status_code == 422, (body, r.text)
+            assert isinstance(r.json()["detail"], list)
             _assert_no_leak(r.text, index_dir)
+        for body in accepted:
+            r = client.post("/v1/retrieve", json=body)
+            assert r.status_code == 200, (body, r.text)
+            assert len(r.json()["results"]) == len(body["queries"])
+        r = client.post("/v1/retrieve", json={"queries": ["q"], "mode": "hipporag1"})
+        assert "mode 'hipporag1' needs entities" in r.json()["detail"][0]["msg"]
+        r = client.post("/v1/retrieve", json={"queries": ["q", "r"], "entities": [["a"]]})
+        assert "entities has 1 lists for 2 queries" in r.json()["detail"][0]["msg"]
         # Validation errors do not echo the input back.
         r = client.post("/v1/retrieve", json={"queries": ["q"], "mode": "secret-input-xyz"})
         assert r.status_code == 422 and "secret-input-xyz" not in r.text
+        # The largest schema-valid request, every character escaped as a surrogate pair (12
+        # bytes), still fits under the body limit and is answered.
+        widest = {
+            "queries": ["\U0001d11e" * 100] * 4,
+            "entities": [["\U0001d11e" * 20] * 2] * 4,
+            "top_k": 50,
+            "mode": "hybrid",
+            "return_seeds": True,
+        }
+        raw = json.dumps(widest, ensure_ascii=True)
+        assert config.max_body_bytes / 2 < len(raw) <= config.max_body_bytes
+        r = client.post("/v1/retrieve", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
         # A body over the limit is refused whether its length is declared or streamed.
         big = json.dumps({"queries": ["y" * 90] * 4, "pad": "z" * config.max_body_bytes})
         r = client.post("/v1/retrieve", content=big, headers={"content-type": "application/json"})
         assert r.status_code == 413
+        assert "limit" in r.json()["detail"]
 
         def chunks() -> Iterator[bytes]:
             yield big.encode()[:1000]

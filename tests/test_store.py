@@ -1,6 +1,7 @@
 """Index save -> load round trip, corruption and compatibility errors."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -33,7 +34,8 @@ def test_round_trip_is_bit_identical(sample_index, tmp_path):
 def test_flipped_byte_names_the_file(sample_index_dir, tmp_path, name):
     bad = tmp_path / "bad"
     shutil.copytree(sample_index_dir, bad)
-    path = bad / name
+    version = json.loads((bad / "manifest.json").read_text())["version"]
+    path = bad / f"v{version:06d}" / name
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
@@ -58,9 +60,17 @@ def test_encoder_mismatch_and_version_are_errors(sample_index_dir, tmp_path):
 def test_save_replaces_an_index_atomically_but_never_a_foreign_dir(sample_index, tmp_path):
     target = tmp_path / "idx"
     sample_index.save(target)
-    sample_index.save(target)  # replacing an existing index is fine
-    assert (target / "manifest.json").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    sample_index.save(target)  # replacing an existing index is fine: a new version
+    assert json.loads((target / "manifest.json").read_text())["version"] == 2
+    # the old version is collected, no temp files are left, files follow the umask
+    assert sorted(p.name for p in target.iterdir()) == [".writer.lock", "manifest.json",
+                                                         "v000002"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [target, *target.rglob("*")]:
+        want = (0o777 if p.is_dir() else 0o666) & ~umask
+        assert p.stat().st_mode & 0o777 == want, p
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep me")

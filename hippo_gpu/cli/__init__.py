@@ -1,8 +1,11 @@
 """The `hippo-gpu` command line: one Typer app, one module per command group.
 
     demo               cli/demo.py       index the bundled sample and answer its questions
-    index, stats       cli/index.py      build an index; print its counts
+    index, stats,      cli/index.py      build an index; print its counts; insert or delete
+    insert, delete,                      passages (atomic commits); drop old versions
+    compact
     eval               cli/evaluate.py   Recall@k, queries/s and stage times per mode
+    retrieve           cli/retrieve.py   answer a query file in batches (resumable)
     extract, qa        cli/llm.py        LLM OpenIE extraction; retrieve-then-read QA
     serve              cli/serve.py      the HTTP query server
 """
@@ -11,11 +14,11 @@ from __future__ import annotations
 
 import typer
 
-from hippo_gpu.cli import demo, evaluate, index, llm, serve
+from hippo_gpu.cli import demo, evaluate, index, llm, retrieve, serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA.")
-for _module in (demo, index, evaluate, llm, serve):
+for _module in (demo, index, evaluate, retrieve, llm, serve):
     _module.register(app)
 
 

@@ -12,6 +12,8 @@ from rich.table import Table
 from hippo_gpu.cli.common import cache_root, console, err_console, fail, setup
 from hippo_gpu.config import MODES, EncoderConfig, RetrievalConfig
 
+ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that take query entities
+
 
 def _find_openie(data: Path) -> Path:
     found = sorted(data.glob("openie*.json"))
@@ -29,20 +31,23 @@ def _file_digest(*paths: Path, extra: str = "") -> str:
 
 def _build_or_load(corpus: Path, openie: Path, index_dir: Path | None, encoder: str,
                    device: str, precision: str = "float32"):
+    """The cached (or given) index of corpus + openie, built if absent, at `precision`."""
     from hippo_gpu.build import build_index
     from hippo_gpu.index import IndexFormatError, load_index
 
-    enc = EncoderConfig(model=encoder, precision=precision)
+    enc = EncoderConfig(model=encoder)
     if index_dir is None:
         digest = _file_digest(corpus, openie, extra=json.dumps(enc.identity(), sort_keys=True))
         index_dir = cache_root() / "indexes" / f"{corpus.parent.name}-{digest}"
     if (index_dir / "manifest.json").exists():
         try:
-            return load_index(index_dir, device=device, encoder=encoder), index_dir, False
+            return (load_index(index_dir, device=device, encoder=encoder, precision=precision),
+                    index_dir, False)
         except IndexFormatError as e:
             err_console.print(f"[yellow]rebuilding {index_dir}: {e}")
     idx = build_index(corpus, openie, index_dir, encoder=enc, device=device,
-                      cache_dir=cache_root() / "embeddings", show_progress=True)
+                      cache_dir=cache_root() / "embeddings", show_progress=True,
+                      precision=precision)
     return idx, index_dir, True
 
 
@@ -56,12 +61,19 @@ def eval_cmd(
     encoder: str = typer.Option(EncoderConfig.model, help="encoder name or path"),
     index_dir: Path | None = typer.Option(None, help="index to reuse/build (default: cache)"),
     dtype: str = typer.Option("float32", help="PPR dtype: float32 | float64"),
+    precision: str = typer.Option(
+        "float32", help="embedding/score precision on the device: float32 | float16 | bfloat16"),
     query_precision: str | None = typer.Option(
-        None, help="query encoder precision (default: the index's; bfloat16 is ~3x faster)"),
+        None, help="query encoder precision (default: the index's); bfloat16 is faster only "
+                   "on CPUs with AMX and makes rankings depend on the batch (README)"),
+    query_backend: str = typer.Option(
+        "auto", help="query encoder: auto (ONNX Runtime when installed and at parity, else "
+                     "torch) | torch | onnx"),
     query_ner: Path | None = typer.Option(
-        None, help="hipporag1: HippoRAG *_queries.named_entity_output.tsv"),
+        None, help="query entities for hipporag1 and hybrid: HippoRAG "
+                   "*_queries.named_entity_output.tsv (default: capitalised spans)"),
     llm: str | None = typer.Option(
-        None, help="LLM for hipporag1 query NER and the hipporag2 filter (--filter)"),
+        None, help="LLM for query NER (hipporag1, hybrid) and the hipporag2 filter (--filter)"),
     use_filter: bool = typer.Option(False, "--filter", help="hipporag2: LLM recognition memory"),
     json_out: Path | None = typer.Option(None, "--json", help="write results as JSON"),
     per_query: Path | None = typer.Option(None, help="write top-10 keys per question (JSON)"),
@@ -81,18 +93,23 @@ def eval_cmd(
             fail(f"unknown mode {m!r}; choose from {MODES}")
     openie = openie or _find_openie(data)
     questions = read_questions(data / "questions.json")[:questions_limit]
-    idx, where, built = _build_or_load(data / "corpus.json", openie, index_dir, encoder, device)
+    try:
+        idx, where, built = _build_or_load(data / "corpus.json", openie, index_dir, encoder,
+                                           device, precision)
+    except ValueError as e:
+        fail(str(e))
     cfg = RetrievalConfig(dtype=dtype)
-    searcher = Searcher(idx, cfg, query_precision=query_precision)
+    try:
+        searcher = Searcher(idx, cfg, query_precision=query_precision,
+                            query_backend=query_backend)
+    except ValueError as e:
+        fail(str(e))
     console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
-                  f"device {idx.device}, {n} threads")
-    entities = None
-    if "hipporag1" in mode_list:
-        entities = _query_entities(questions, query_ner, llm)
-        if entities is None:
-            err_console.print("[yellow]skipping hipporag1: it needs query entities; pass "
-                              "--query-ner FILE.tsv or --llm SPEC")
-            mode_list.remove("hipporag1")
+                  f"device {idx.device}, precision {idx.precision}, {n} threads")
+    entities, entity_source = None, "capitalised spans"
+    if {"hipporag1", "hybrid"} & set(mode_list):
+        entities, entity_source = _query_entities(questions, query_ner, llm)
+        console.print(f"query entities (hipporag1, hybrid): {entity_source}")
     fact_filter = None
     if use_filter:
         if llm is None:
@@ -105,7 +122,7 @@ def eval_cmd(
         for m in mode_list:
             results[m] = evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
                                        fact_filter=fact_filter if m == "hipporag2" else None,
-                                       query_entities=entities if m == "hipporag1" else None)
+                                       query_entities=entities if m in ENTITY_MODES else None)
     finally:
         if fact_filter is not None:
             fact_filter.close()
@@ -125,7 +142,10 @@ def eval_cmd(
     if json_out:
         payload = {"modes": {m: r.as_dict() for m, r in results.items()},
                    "n_questions": len(questions), "index": idx.stats(), "threads": n,
-                   "device": str(idx.device), "torch": torch.__version__}
+                   "device": str(idx.device), "precision": idx.precision,
+                   "query_precision": searcher.encoder_config.precision,
+                   "query_backend": searcher.encoder.backend,
+                   "ppr_dtype": dtype, "entities": entity_source, "torch": torch.__version__}
         json_out.write_text(json.dumps(payload, indent=2))
     if per_query:
         dump = [{"id": q.id, "question": q.question,
@@ -134,24 +154,27 @@ def eval_cmd(
         per_query.write_text(json.dumps(dump, indent=1))
 
 
-def _query_entities(questions, query_ner: Path | None, llm: str | None):
+def _query_entities(questions, query_ner: Path | None,
+                    llm: str | None) -> tuple[list[list[str]], str]:
+    """Entities per question and where they came from: a NER file, an LLM, else the
+    capitalised-span heuristic (hippo_gpu.entities)."""
     texts = [q.question for q in questions]
     if query_ner is not None:
         from hippo_gpu.llm.ner import read_query_ner_tsv
 
         table = read_query_ner_tsv(query_ner)
-        return [table.get(t, []) for t in texts]
+        return [table.get(t, []) for t in texts], f"NER file {query_ner.name}"
     if llm is not None:
         from hippo_gpu.llm.ner import QueryNER
 
         ner = QueryNER(llm)  # owns its backend
         try:
-            return ner(texts)
+            return ner(texts), f"LLM {llm}"
         finally:
             ner.close()
-    return None
+    from hippo_gpu.entities import heuristic_entities
 
-
+    return heuristic_entities(texts), "capitalised spans"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""`hippo-gpu index` (build an index) and `hippo-gpu stats` (its counts)."""
+"""`hippo-gpu index` (build), `stats` (counts), `insert` / `delete` (change it in place,
+atomically), `compact` (drop old versions)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,29 @@ from hippo_gpu.cli.common import LLM_HELP, cache_root, console, fail, setup, tim
 from hippo_gpu.config import EncoderConfig, GraphConfig
 
 
+def _passages_and_openie(corpus: Path, openie: Path | None, llm: str | None,
+                         extracted: Path) -> tuple[list, Path]:
+    """Read the corpus once; take its OpenIE from the file, or extract it with the LLM into
+    `extracted` (crash-safe: rerunning reuses the LLM cache)."""
+    from hippo_gpu.data import DataFormatError, as_passages
+
+    if (openie is None) == (llm is None):
+        fail("give exactly one of --openie FILE or --llm SPEC")
+    try:
+        passages = as_passages(corpus)
+    except (DataFormatError, OSError) as e:
+        fail(str(e))
+    if llm is None:
+        assert openie is not None
+        return passages, openie
+    from hippo_gpu.llm.extract import extract_openie
+
+    console.print(f"extracting OpenIE with {llm} -> {extracted}")
+    console.print(str(extract_openie(passages, llm, extracted,
+                                     cache_path=cache_root() / "llm_cache.sqlite")))
+    return passages, extracted
+
+
 def index(
     corpus: Path = typer.Option(..., help="corpus JSON: list of {title, text}"),
     out: Path = typer.Option(..., help="index directory to write (atomically)"),
@@ -20,7 +44,9 @@ def index(
     encoder: str = typer.Option(EncoderConfig.model, help="sentence-transformers name or path"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
-    precision: str = typer.Option("float32", help="encoder precision: float32 | bfloat16"),
+    encoder_precision: str = typer.Option(
+        "float32", help="encoder compute precision while indexing: float32 | bfloat16 "
+                        "(bfloat16 changes the vectors, hence the synonym edges; measure first)"),
     knn_backend: str = typer.Option("auto", help="auto | faiss-flat | faiss-hnsw | faiss-ivf | "
                                                  "faiss-gpu | torch"),
     allow_missing_openie: bool = typer.Option(
@@ -31,28 +57,15 @@ def index(
 ) -> None:
     """Build an index from a corpus and its OpenIE output (or extract it with --llm first)."""
     from hippo_gpu.build import build_index
-    from hippo_gpu.data import DataFormatError, as_passages
+    from hippo_gpu.data import DataFormatError
 
     n = setup(threads, verbose)
-    if (openie is None) == (llm is None):
-        fail("give exactly one of --openie FILE or --llm SPEC")
-    try:
-        passages = as_passages(corpus)  # read once, for extraction and for the build
-    except (DataFormatError, OSError) as e:
-        fail(str(e))
-    if llm is not None:
-        from hippo_gpu.llm.extract import extract_openie
-
-        openie = out.parent / f"{out.name}.openie.json"
-        console.print(f"extracting OpenIE with {llm} -> {openie}")
-        report = extract_openie(passages, llm, openie,
-                                cache_path=cache_root() / "llm_cache.sqlite")
-        console.print(str(report))
-    assert openie is not None  # one of the two branches above set it
+    passages, openie_path = _passages_and_openie(corpus, openie, llm,
+                                                 out.parent / f"{out.name}.openie.json")
     try:
         idx = build_index(
-            passages, openie, out,
-            encoder=EncoderConfig(model=encoder, precision=precision),
+            passages, openie_path, out,
+            encoder=EncoderConfig(model=encoder, precision=encoder_precision),
             device=device, graph=GraphConfig(knn_backend=knn_backend),
             cache_dir=cache_dir or cache_root() / "embeddings",
             allow_missing_openie=allow_missing_openie, show_progress=True,
@@ -85,6 +98,112 @@ def stats(path: Path = typer.Argument(..., help="index directory"),
 
 
 
+
+
+def _change_table(report, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("change")
+    table.add_column("count", justify="right")
+    for k, v in report.as_dict().items():
+        if k not in ("stage_seconds", "version"):
+            table.add_row(k, str(v))
+    return table
+
+
+def insert(
+    path: Path = typer.Argument(..., help="index directory"),
+    corpus: Path = typer.Option(..., help="corpus JSON of the passages to add"),
+    openie: Path | None = typer.Option(None, help="their OpenIE JSON (v1 or v2 format)"),
+    llm: str | None = typer.Option(None, help="extract their OpenIE first with this " + LLM_HELP),
+    device: str = typer.Option("auto", help="auto | cpu | cuda (encoding, kNN)"),
+    threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
+    cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
+                                                        "$HIPPO_GPU_CACHE/embeddings)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Add passages to an index: one atomic commit, equal to a rebuild of the new corpus."""
+    from hippo_gpu.data import DataFormatError
+    from hippo_gpu.store import IndexFormatError, WriterLockedError
+    from hippo_gpu.writer import IndexWriter
+
+    n = setup(threads, verbose)
+    passages, openie_path = _passages_and_openie(corpus, openie, llm,
+                                                 path.parent / f"{path.name}.insert-openie.json")
+    try:
+        with IndexWriter(path, device=device, show_progress=True,
+                         cache_dir=cache_dir or cache_root() / "embeddings") as w:
+            added = w.insert(passages, openie_path)
+            if not added:
+                console.print(f"nothing to insert: all {len(passages)} passage(s) are present")
+                return
+            report = w.commit()
+    except (DataFormatError, IndexFormatError, WriterLockedError, OSError, KeyError) as e:
+        fail(str(e))
+    console.print(_change_table(report, f"inserted into {path} (version {report.version})"))
+    console.print(timing_table(report.stage_seconds, f"stages ({n} threads)"))
+
+
+def delete(
+    path: Path = typer.Argument(..., help="index directory"),
+    keys: Path | None = typer.Option(None, help='file with one passage key ("chunk-<md5>") '
+                                                "per line"),
+    titles: Path | None = typer.Option(None, help="file with one passage title per line "
+                                                  "(every passage with that title goes)"),
+    threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Remove passages from an index: one atomic commit, equal to a rebuild without them."""
+    from hippo_gpu.data import DataFormatError
+    from hippo_gpu.store import IndexFormatError, WriterLockedError
+    from hippo_gpu.writer import IndexWriter
+
+    n = setup(threads, verbose)
+    if (keys is None) == (titles is None):
+        fail("give exactly one of --keys FILE or --titles FILE")
+    source = keys or titles
+    assert source is not None
+    try:
+        lines = [ln.strip() for ln in source.read_text(encoding="utf-8").splitlines()]
+        lines = [ln for ln in lines if ln]
+        if not lines:
+            fail(f"{source}: no keys or titles in the file")
+        with IndexWriter(path, device="cpu") as w:
+            if keys is not None:
+                w.delete(lines)
+            else:
+                w.delete_titles(lines)
+            report = w.commit()
+    except KeyError as e:
+        fail(str(e.args[0]) if e.args else str(e))
+    except (DataFormatError, IndexFormatError, WriterLockedError, OSError) as e:
+        fail(str(e))
+    console.print(_change_table(report, f"deleted from {path} (version {report.version})"))
+    console.print(timing_table(report.stage_seconds, f"stages ({n} threads)"))
+
+
+def compact(path: Path = typer.Argument(..., help="index directory")) -> None:
+    """Remove old versions no reader holds and a killed writer's leftovers."""
+    from hippo_gpu.store import (
+        IndexFormatError,
+        WriterLockedError,
+        collect_garbage,
+        is_index_dir,
+        writer_lock,
+    )
+
+    if not is_index_dir(path):
+        fail(f"{path} is not a hippo-gpu index")
+    try:
+        with writer_lock(path):
+            removed = collect_garbage(path)
+    except (IndexFormatError, WriterLockedError) as e:
+        fail(str(e))
+    console.print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(index)
     app.command()(stats)
+    app.command()(insert)
+    app.command()(delete)
+    app.command()(compact)

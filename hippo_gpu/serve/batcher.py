@@ -1,7 +1,10 @@
 """Dynamic micro-batching: concurrent requests share one batched call on a worker thread.
 
-A request is a list of queries plus a hashable batch key (the server uses (mode, top_k, seeds)).
-The batcher holds requests in a bounded FIFO and runs them as batches:
+A request is a list of queries plus a hashable batch key (the server's key is (mode, top_k,
+return_seeds, with_entities)). A query is whatever the batched function takes per query: the
+server's is a query text together with its entities, so each query's per-query data travels with it
+through merging, chunking and solo re-runs. The batcher holds requests in a bounded FIFO and runs
+them as batches:
 
 - a batch holds requests with one key only, taken in arrival order, at most `max_batch` queries;
 - the oldest waiting request waits at most `max_wait_ms` for others to join it; a full batch
@@ -32,7 +35,8 @@ from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
+T = TypeVar("T")  # one query, as the batched function takes it
+R = TypeVar("R")  # one query's result
 
 # Latency quantiles are taken over the most recent requests only, so memory stays bounded.
 _LATENCY_WINDOW = 10_000
@@ -95,32 +99,33 @@ class BatcherStats:
 
 
 @dataclass(eq=False)
-class _Request(Generic[R]):
-    queries: list[str]
+class _Request(Generic[T, R]):
+    queries: list[T]
     key: Hashable
     future: asyncio.Future[list[R]]
     enqueued: float = field(default_factory=time.monotonic)
 
 
-class MicroBatcher(Generic[R]):
+class MicroBatcher(Generic[T, R]):
     """Coalesces concurrent `submit` calls into batched calls of `run(queries, key)`.
 
     `run(queries, key)` must return one result per query, in order, and each query's result must
-    not depend on the other queries in the batch. It runs on a single worker thread.
+    not depend on the other queries in the batch. It runs on a single worker thread. A query (`T`)
+    is opaque to the batcher: it is handed to `run` exactly as submitted.
 
     Use from one asyncio event loop: `await start()`, then `await submit(...)` from any number of
     tasks, then `await close()`. It is also an async context manager.
     """
 
     def __init__(
-        self, run: Callable[[list[str], Hashable], Sequence[R]], config: BatcherConfig
+        self, run: Callable[[list[T], Hashable], Sequence[R]], config: BatcherConfig
     ) -> None:
         self._run = run
         self.config = config
-        self._pending: deque[_Request[R]] = deque()
+        self._pending: deque[_Request[T, R]] = deque()
         self._queued = 0  # queries in self._pending (cancelled requests included until dropped)
         self._in_flight = 0
-        self._current: list[_Request[R]] = []  # the batch on the worker now
+        self._current: list[_Request[T, R]] = []  # the batch on the worker now
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -156,7 +161,7 @@ class MicroBatcher(Generic[R]):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
 
-    async def __aenter__(self) -> MicroBatcher[R]:
+    async def __aenter__(self) -> MicroBatcher[T, R]:
         await self.start()
         return self
 
@@ -170,7 +175,7 @@ class MicroBatcher(Generic[R]):
 
     # requests ----------------------------------------------------------------------------------
 
-    async def submit(self, queries: Sequence[str], key: Hashable) -> list[R]:
+    async def submit(self, queries: Sequence[T], key: Hashable) -> list[R]:
         """Queue `queries` under `key` and wait for their results (one per query, in order).
 
         Raises:
@@ -274,16 +279,16 @@ class MicroBatcher(Generic[R]):
         """Queries waiting under `key` (cancelled requests excluded)."""
         return sum(len(r.queries) for r in self._pending if r.key == key and not r.future.done())
 
-    def _take(self, key: Hashable) -> list[_Request[R]]:
+    def _take(self, key: Hashable) -> list[_Request[T, R]]:
         """Remove and return the oldest requests under `key` that fit in one batch.
 
         Requests are taken in arrival order and the first one that does not fit stops the scan, so
         requests with one key are served first-in first-out. A single request larger than
         `max_batch` is taken alone.
         """
-        batch: list[_Request[R]] = []
+        batch: list[_Request[T, R]] = []
         size = 0
-        keep: deque[_Request[R]] = deque()
+        keep: deque[_Request[T, R]] = deque()
         full = False
         for r in self._pending:
             if r.future.done():  # cancelled while waiting
@@ -301,7 +306,7 @@ class MicroBatcher(Generic[R]):
         self._queued -= size
         return batch
 
-    async def _execute(self, batch: list[_Request[R]]) -> None:
+    async def _execute(self, batch: list[_Request[T, R]]) -> None:
         loop = asyncio.get_running_loop()
         key = batch[0].key
         queries = [q for r in batch for q in r.queries]
@@ -323,7 +328,7 @@ class MicroBatcher(Generic[R]):
             self._in_flight = 0
             self._current = []
 
-    async def _execute_alone(self, r: _Request[R]) -> None:
+    async def _execute_alone(self, r: _Request[T, R]) -> None:
         if r.future.done():
             return
         loop = asyncio.get_running_loop()
@@ -335,7 +340,7 @@ class MicroBatcher(Generic[R]):
             return
         self._deliver([r], results)
 
-    def _call(self, queries: list[str], key: Hashable) -> list[R]:
+    def _call(self, queries: list[T], key: Hashable) -> list[R]:
         """Worker thread: run `queries` in chunks of at most `max_batch`; check the output size."""
         step = self.config.max_batch
         out: list[R] = []
@@ -349,7 +354,7 @@ class MicroBatcher(Generic[R]):
             out.extend(res)
         return out
 
-    def _deliver(self, batch: list[_Request[R]], results: list[R]) -> None:
+    def _deliver(self, batch: list[_Request[T, R]], results: list[R]) -> None:
         now = time.monotonic()
         self._batches_served += 1
         self._queries_served += len(results)
@@ -363,7 +368,7 @@ class MicroBatcher(Generic[R]):
                 self._latencies_s.append(now - r.enqueued)
             start = stop
 
-    def _fail(self, r: _Request[R], e: Exception) -> None:
+    def _fail(self, r: _Request[T, R], e: Exception) -> None:
         self._requests_failed += 1
         if not r.future.done():
             r.future.set_exception(e)

@@ -1,13 +1,20 @@
-"""OpenAI-compatible HTTP backend: async, bounded concurrency, timeouts, retries with jitter.
+"""OpenAI-compatible HTTP backend: async, bounded concurrency, timeouts, the SDK's retries.
 
 Works against OpenAI, vLLM's server, llama.cpp's server, SGLang, TGI and the like. The `openai`
 package is imported lazily, on first use.
 
-Retry policy: timeouts, connection errors, HTTP 408/409/429 and 5xx are retried up to
-`max_retries` times, sleeping `min(max_backoff, backoff * 2**attempt) * U(0.5, 1)` between tries
-(exponential backoff with jitter, so a crowd of clients does not retry in lockstep). Other HTTP
-errors fail the request at once. A server that rejects `response_format` is asked again with a
-weaker mode (json_schema -> json_object -> none) and that mode is kept for later calls.
+Retry policy: the openai SDK's own (`AsyncOpenAI(max_retries=...)`): timeouts, connection errors,
+HTTP 408/409/429 and 5xx are retried up to `max_retries` times (a server's `x-should-retry`
+header overrides the status rule). Between tries the SDK sleeps what the server asks for in
+`Retry-After` / `retry-after-ms`, within the SDK's cap (two minutes in the openai 3.x installed
+here, which does not retry at all past it; 60 s in 1.x), else an exponential backoff with
+jitter: the SDK's (0.5 s doubling to 8 s, minus up to 25%), or, when `backoff` is given,
+`min(max_backoff, backoff * 2**attempt) * U(0.5, 1)`. Other HTTP errors fail the request at
+once. A request that still fails becomes a `Completion` with an error reason (timeout,
+connection, http_<status>, bad_response), never an exception. A server that rejects
+`response_format` (HTTP 400 naming it) is asked again with a weaker mode (json_schema ->
+json_object -> none) and that mode is kept for later calls.
+At most `concurrency` requests (each with its retries and sleeps) are in flight at once.
 """
 
 from __future__ import annotations
@@ -15,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hippo_gpu.llm.backends.base import Backend, ChatRequest, Completion, OnResult
 
 _SCHEMA_MODES = ("json_schema", "json_object", "none")
-_RETRY_STATUS = {408, 409, 429}
 
 
 class OpenAIBackend(Backend):
@@ -33,11 +39,12 @@ class OpenAIBackend(Backend):
         api_key: bearer token; local servers accept any value.
         concurrency: requests in flight at once.
         timeout: seconds per HTTP attempt.
-        max_retries: extra attempts for retryable failures.
-        backoff: base of the exponential backoff, seconds.
-        max_backoff: cap on one sleep, seconds.
+        max_retries: extra attempts for retryable failures (the SDK's `max_retries`).
+        backoff: base of the exponential backoff between tries, seconds; None keeps the SDK's
+            schedule. A usable Retry-After from the server wins either way.
+        max_backoff: cap on one backoff sleep, seconds (with `backoff`; default 8, the SDK's).
         use_schema: send `response_format` when a request carries a JSON schema.
-        seed: random seed of the jitter (tests).
+        seed: random seed of the jitter of `backoff` (tests).
     """
 
     def __init__(
@@ -49,8 +56,8 @@ class OpenAIBackend(Backend):
         concurrency: int = 16,
         timeout: float = 120.0,
         max_retries: int = 4,
-        backoff: float = 0.5,
-        max_backoff: float = 16.0,
+        backoff: float | None = None,
+        max_backoff: float = 8.0,
         use_schema: bool = True,
         seed: int | None = None,
     ) -> None:
@@ -60,6 +67,8 @@ class OpenAIBackend(Backend):
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if backoff is not None and not 0 <= backoff <= max_backoff:
+            raise ValueError(f"need 0 <= backoff <= max_backoff, got {backoff}, {max_backoff}")
         self.model = model
         self.base_url = base_url
         self.api_key = api_key or "EMPTY"
@@ -105,17 +114,15 @@ class OpenAIBackend(Backend):
     async def _run_all(
         self, requests: Sequence[ChatRequest], on_result: OnResult | None
     ) -> list[Completion]:
-        import openai
-
-        client = openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=0
-        )
+        client = _make_client(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout,
+                              max_retries=self.max_retries,
+                              backoff=self._backoff if self.backoff is not None else None)
         gate = asyncio.Semaphore(self.concurrency)
         results: list[Completion | None] = [None] * len(requests)
 
         async def one(i: int, request: ChatRequest) -> None:
             async with gate:
-                completion = await self._with_retries(client, request)
+                completion = await self._request(client, request)
             results[i] = completion
             if on_result is not None:
                 on_result(i, completion)
@@ -126,33 +133,33 @@ class OpenAIBackend(Backend):
             await client.close()
         return [r if r is not None else Completion(None, "not_run") for r in results]
 
-    async def _with_retries(self, client: Any, request: ChatRequest) -> Completion:
+    async def _request(self, client: Any, request: ChatRequest) -> Completion:
+        """One request, retried by the SDK; a format rejection retries with a weaker mode."""
         import openai
 
-        attempt = 0
         while True:
             mode = self._schema_mode
             try:
                 return await self._call(client, request, mode)
             except openai.BadRequestError as e:
                 if request.json_schema is not None and mode != "none" and _mentions_format(e):
-                    self._downgrade(mode)
+                    self._downgrade(mode)  # at most twice: json_schema -> json_object -> none
                     continue
                 return Completion(None, "http_400")
-            except (openai.APITimeoutError, openai.APIConnectionError) as e:
-                reason = "timeout" if isinstance(e, openai.APITimeoutError) else "connection"
+            except openai.APITimeoutError:  # a subclass of APIConnectionError: test it first
+                return Completion(None, "timeout")
+            except openai.APIConnectionError:
+                return Completion(None, "connection")
             except openai.APIStatusError as e:
-                status = e.status_code
-                if status < 500 and status not in _RETRY_STATUS:
-                    return Completion(None, f"http_{status}")
-                reason = f"http_{status}"
+                return Completion(None, f"http_{e.status_code}")
             except openai.APIResponseValidationError:
-                reason = "bad_response"
-            if attempt >= self.max_retries:
-                return Completion(None, reason)
-            delay = min(self.max_backoff, self.backoff * 2**attempt)
-            await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
-            attempt += 1
+                return Completion(None, "bad_response")
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds before retry `attempt` (0-based) when the server gave no Retry-After."""
+        assert self.backoff is not None  # only handed to the client when backoff is set
+        delay = min(self.max_backoff, self.backoff * 2**attempt)
+        return delay * self._rng.uniform(0.5, 1.0)
 
     async def _call(self, client: Any, request: ChatRequest, mode: str) -> Completion:
         kwargs: dict[str, Any] = {
@@ -186,6 +193,33 @@ class OpenAIBackend(Backend):
     def _downgrade(self, mode: str) -> None:
         if self._schema_mode == mode:  # another request may have downgraded already
             self._schema_mode = _SCHEMA_MODES[_SCHEMA_MODES.index(mode) + 1]
+
+
+def _make_client(*, base_url: str, api_key: str, timeout: float, max_retries: int,
+                 backoff: Callable[[int], float] | None) -> Any:
+    """`openai.AsyncOpenAI` with the SDK's retries; with `backoff`, our sleep between tries.
+
+    The SDK exposes no setting for its backoff, so a custom one overrides the client's
+    `_calculate_retry_timeout` hook (present since openai 1.0) for responses without a
+    Retry-After header; with one, the SDK's own reading of it stands.
+    """
+    import openai
+
+    if backoff is None:
+        return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
+                                  max_retries=max_retries)
+    delay: Callable[[int], float] = backoff  # narrowed for the class body below
+
+    class Client(openai.AsyncOpenAI):
+        def _calculate_retry_timeout(self, remaining_retries: int, options: Any,
+                                     response_headers: Any = None) -> float:
+            if response_headers is not None and (
+                    "retry-after" in response_headers or "retry-after-ms" in response_headers):
+                return float(super()._calculate_retry_timeout(remaining_retries, options,
+                                                              response_headers))
+            return delay(options.get_max_retries(self.max_retries) - remaining_retries)
+
+    return Client(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
 
 
 def _mentions_format(error: Exception) -> bool:

@@ -1,6 +1,6 @@
 """vLLM offline engine backend: batched generation with guided JSON decoding (CUDA only).
 
-`vllm` is imported when the backend is built, never at package import; it is the `[gpu]` extra.
+`vllm` is imported when the backend is built, never at package import; it is the `[vllm]` extra.
 A whole batch goes to `LLM.chat` at once so vLLM's continuous batching fills the GPU. Requests
 that carry a JSON schema get guided decoding: `StructuredOutputsParams(json=...)` on recent vLLM,
 `GuidedDecodingParams(json=...)` on older releases, none when neither exists.
@@ -63,7 +63,7 @@ class VLLMBackend(Backend):
         try:
             import vllm
         except ImportError as e:
-            raise BackendUnavailable("the vllm backend needs vllm: pip install 'hippo-gpu[gpu]'") \
+            raise BackendUnavailable("the vllm backend needs vllm: pip install 'hippo-gpu[vllm]'") \
                 from e
         self.model = f"vllm:{model}"
         self.use_schema = use_schema

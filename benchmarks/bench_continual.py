@@ -1,0 +1,313 @@
+"""Continual indexing on musique_train: insert and delete against a build, in one run.
+
+    python benchmarks/bench_continual.py --threads 2 [--stream 100] [--allow-dirty]
+
+(a) build the index of the first 90 % of corpus.json from an EMPTY embedding cache (a fresh
+    temporary cache: a user's first build, every text embedded);
+(b) insert the last 10 % with an IndexWriter (its own encoder, the cache (a) filled: the new
+    passages' texts are embedded, the old ones' vectors are copied from the index);
+(c) delete those passages again (a fresh writer, as a separate `hippo-gpu delete` would);
+    insert/build and delete/build wall-time ratios (targets: <= 25 % and <= 10 %) with the stage
+    breakdown of each;
+(d) the counts of (b) against a full build of the whole corpus (made from the now-warm cache; its
+    time is not a denominator), the adjacency compared entry by entry, and hipporag2 Recall@k
+    and top-10 agreement on the first 100 questions;
+(e) a stream of `--stream` inserts of one held-out passage each into the 90 % index (one writer,
+    one commit per passage, no embedding cache: each passage's texts are really encoded):
+    ms per insert p50/p99 and the stage breakdown of the median one.
+
+The Python import of sentence-transformers (paid once per process by any command) is measured
+apart and included in neither the build nor the insert; the encoder's model load is included in
+both ((a) and (b) each load their own). Each run appends one JSON line to
+benchmarks/results/bench_continual.jsonl with provenance.py's fields (commit, dirty flag, CPU
+model, threads, versions); a dirty tree needs --allow-dirty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--threads", type=int, required=True, help="torch + faiss threads")
+    ap.add_argument("--stream", type=int, default=100, help="single-passage inserts in (e)")
+    ap.add_argument("--questions", type=int, default=100, help="questions for recall in (d)")
+    ap.add_argument("--holdout", type=float, default=0.1, help="fraction inserted in (b)")
+    ap.add_argument("--data-dir", default=None, help="default $HIPPO_DATA_DIR or ../shared/data")
+    ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--results", default=None)
+    add_arguments(ap)
+    return ap.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+from provenance import (  # noqa: E402
+    DirtyTreeError,
+    append_result,
+    check_clean,
+    cpu_model,
+    provenance,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"insert": 0.25, "delete": 0.10}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _stage_table(title: str, stages: dict[str, float], total: float) -> None:
+    print(f"\n{title}: {total:.2f} s wall")
+    print(f"  {'stage':<22}{'seconds':>10}")
+    for k, v in stages.items():
+        print(f"  {k:<22}{v:>10.3f}")
+    rest = total - sum(stages.values())
+    print(f"  {'(unstaged)':<22}{rest:>10.3f}")
+
+
+def _adjacency_diff(a: Any, b: Any) -> dict[str, Any]:
+    """Entry-by-entry comparison of two CSR adjacencies over the same node rows."""
+    same_structure = (torch.equal(a.adjacency.crow_indices(), b.adjacency.crow_indices())
+                      and torch.equal(a.adjacency.col_indices(), b.adjacency.col_indices()))
+    max_diff = (float((a.adjacency.values() - b.adjacency.values()).abs().max())
+                if same_structure and a.adjacency.values().numel() else None)
+    return {"same_structure": same_structure, "max_weight_diff": max_diff,
+            "same_phrases": a.phrases == b.phrases, "same_facts": a.facts == b.facts,
+            "same_passages": a.passage_keys == b.passage_keys}
+
+
+def _writer_phase(index_dir: Path, device: str, cache_dir: Path | None,
+                  change: Any) -> tuple[float, dict[str, float], Any, Any]:
+    """Open a writer, stage `change(w)`, commit, close: (wall s, stages, report, new index)."""
+    from hippo_gpu.writer import IndexWriter
+
+    start = time.perf_counter()
+    w = IndexWriter(index_dir, device=device, cache_dir=cache_dir)
+    w.open()
+    opened = time.perf_counter()
+    change(w)
+    staged = time.perf_counter()
+    report = w.commit()
+    committed = time.perf_counter()
+    index = w.index
+    w.close()
+    total = time.perf_counter() - start
+    stages = {"open (load + gc)": round(opened - start, 4),
+              "stage (read input)": round(staged - opened, 4),
+              **{f"commit: {k}": v for k, v in report.stage_seconds.items()},
+              "commit: reload + diff": round(committed - staged - sum(
+                  report.stage_seconds.values()), 4)}
+    return total, stages, report, index
+
+
+def main(args: argparse.Namespace) -> None:
+    import faiss
+
+    try:  # refuse a dirty tree before minutes of building, not after
+        git = check_clean(args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
+    data = data / "musique_train"
+    if not (data / "corpus.json").exists():
+        raise SystemExit(f"musique_train not found under {data}; set HIPPO_DATA_DIR")
+    results = Path(args.results or ROOT / "benchmarks" / "results" / "bench_continual.jsonl")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_continual_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"threads {torch.get_num_threads()} (torch), {args.threads} (faiss); "
+          f"cpu {cpu_model()}; load {os.getloadavg()}; scratch {work}")
+
+    t0 = time.perf_counter()
+    import sentence_transformers  # noqa: F401  (the one-off import, measured apart)
+
+    import_s = time.perf_counter() - t0
+
+    from hippo_gpu.build import build_index
+    from hippo_gpu.config import EncoderConfig
+    from hippo_gpu.data import passage_key, read_questions
+    from hippo_gpu.evaluate import evaluate_mode
+    from hippo_gpu.search import Searcher
+
+    corpus = json.loads((data / "corpus.json").read_text(encoding="utf-8"))
+    openie = data / "openie_gpt-3.5-turbo-1106.json"
+    cut = int(round((1 - args.holdout) * len(corpus)))
+    head, tail = corpus[:cut], corpus[cut:]
+    cache = work / "embeddings"  # empty: (a) is a first build
+    if cache.exists() and any(cache.iterdir()):
+        raise SystemExit(f"{cache} is not empty; give a fresh --work folder")
+    index_dir = work / "index"
+    print(f"corpus {len(corpus)} passages: build {len(head)}, insert/delete {len(tail)}")
+
+    # (a) the 90 % build, cold cache
+    start = time.perf_counter()
+    base = build_index(head, openie, index_dir, encoder=EncoderConfig(), device=args.device,
+                       cache_dir=cache)
+    build_s = time.perf_counter() - start
+    _stage_table("(a) build 90 % (empty cache)", base.timings, build_s)
+
+    # (b) insert the 10 %
+    insert_s, insert_stages, insert_report, grown = _writer_phase(
+        index_dir, args.device, cache, lambda w: w.insert(tail, openie))
+    _stage_table(f"(b) insert {len(tail)} passages", insert_stages, insert_s)
+
+    # (c) delete them again
+    tail_keys = grown.passage_keys[cut:]
+    delete_s, delete_stages, delete_report, shrunk = _writer_phase(
+        index_dir, args.device, None, lambda w: w.delete(tail_keys))
+    _stage_table(f"(c) delete {len(tail_keys)} passages", delete_stages, delete_s)
+
+    # (d) counts and quality against a full build (warm cache; not timed as a denominator)
+    start = time.perf_counter()
+    full = build_index(corpus, openie, None, encoder=EncoderConfig(), device=args.device,
+                       cache_dir=cache)
+    full_warm_s = time.perf_counter() - start
+    questions = read_questions(data / "questions.json")[:args.questions]
+    enc = Searcher(full).encoder
+    quality: dict[str, Any] = {}
+    ranked = {}
+    for name, idx in (("insert", grown), ("full", full), ("delete", shrunk), ("build90", base)):
+        res = evaluate_mode(Searcher(idx, encoder=enc), questions, "hipporag2", top_k=200)
+        quality[name] = {k: res.recall[k] for k in ("2", "5", "10")}
+        ranked[name] = res.ranked_keys
+
+    def agree(a: str, b: str) -> int:
+        return sum(x[:10] == y[:10] for x, y in zip(ranked[a], ranked[b]))
+
+    counts_equal = grown.stats() == full.stats()
+    delete_equal = shrunk.stats() == base.stats()
+    adjacency_insert = _adjacency_diff(grown, full)
+    adjacency_delete = _adjacency_diff(shrunk, base)
+
+    # (e) a stream of single-passage inserts into the 90 % index, no embedding cache
+    from hippo_gpu.writer import IndexWriter
+
+    stream = tail[:args.stream]
+    # each insert hands over only its passage's OpenIE doc (what a pipeline extracting one
+    # passage at a time would pass); the file is parsed here, outside the timed loop
+    docs = json.loads(openie.read_text(encoding="utf-8"))["docs"]
+    doc_of = {passage_key(d["passage"]): d for d in docs if isinstance(d.get("passage"), str)}
+    per_insert: list[float] = []
+    stream_stages: list[dict[str, float]] = []
+    with IndexWriter(index_dir, device=args.device, cache_dir=None) as w:
+        for passage in stream:
+            one = {"docs": [doc_of[passage_key(f"{passage['title']}\n{passage['text']}")]]}
+            start = time.perf_counter()
+            w.insert([passage], one)
+            report = w.commit()
+            per_insert.append(time.perf_counter() - start)
+            stream_stages.append(report.stage_seconds)
+    first, rest = per_insert[0], per_insert[1:] or per_insert
+    p50, p99 = _quantile(rest, 0.5), _quantile(rest, 0.99)
+    typical = min(range(len(per_insert)), key=lambda i: (i == 0, abs(per_insert[i] - p50)))
+
+    # the table
+    print("\n== continual indexing, musique_train "
+          f"({len(head)} + {len(tail)} passages, {args.threads} threads, {args.device})")
+    rows = [
+        ("one-off import of sentence-transformers", f"{import_s:.1f} s", "in neither"),
+        ("(a) build 90 %, empty cache", f"{build_s:.1f} s", "denominator"),
+        (f"(b) insert {len(tail)} (10 %)", f"{insert_s:.1f} s",
+         f"{insert_s / build_s:.1%} of build (target <= {TARGETS['insert']:.0%})"),
+        (f"(c) delete {len(tail)}", f"{delete_s:.1f} s",
+         f"{delete_s / build_s:.1%} of build (target <= {TARGETS['delete']:.0%})"),
+        ("(d) full build, warm cache (not a denominator)", f"{full_warm_s:.1f} s", ""),
+        ("(d) counts insert == full build", str(counts_equal),
+         f"adjacency same structure {adjacency_insert['same_structure']}, max |dw| "
+         f"{adjacency_insert['max_weight_diff']}"),
+        ("(c) counts delete == 90 % build", str(delete_equal),
+         f"adjacency same structure {adjacency_delete['same_structure']}, max |dw| "
+         f"{adjacency_delete['max_weight_diff']}"),
+        ("(d) hipporag2 R@2/5/10 insert | full",
+         "/".join(str(v) for v in quality["insert"].values()),
+         "/".join(str(v) for v in quality["full"].values())),
+        ("(d) identical top-10, insert vs full", f"{agree('insert', 'full')}/{len(questions)}",
+         ""),
+        ("(c) hipporag2 R@2/5/10 delete | 90 % build",
+         "/".join(str(v) for v in quality["delete"].values()),
+         "/".join(str(v) for v in quality["build90"].values())),
+        ("(c) identical top-10, delete vs 90 % build",
+         f"{agree('delete', 'build90')}/{len(questions)}", ""),
+        ("(e) stream: first insert (loads the encoder)", f"{first * 1e3:.0f} ms", ""),
+        (f"(e) stream: inserts 2..{len(per_insert)} p50 / p99",
+         f"{p50 * 1e3:.0f} / {p99 * 1e3:.0f} ms",
+         f"{1 / p50:.2f} inserts/s at p50"),
+    ]
+    width = max(len(r[0]) for r in rows) + 2
+    for name, value, note in rows:
+        print(f"{name:<{width}}{value:>18}   {note}")
+    _stage_table(f"(e) the median insert (#{typical + 1})", stream_stages[typical],
+                 per_insert[typical])
+    s = grown.stats()
+    print("\ncounts after (b): " + ", ".join(f"{k} {s[k]}" for k in (
+        "passage_nodes", "phrase_nodes", "facts", "edges", "synonym_pairs")))
+    changes = {k: v for k, v in insert_report.as_dict().items() if k != "stage_seconds"}
+    print(f"(b) changes: {json.dumps(changes)}")
+
+    line = {
+        **provenance("continual", threads=args.threads, device=args.device, precision="float32",
+                     query_precision=None,
+                     batch_sizes={"encoder_batch_size": EncoderConfig().batch_size,
+                                  "stream_passages_per_insert": 1},
+                     optional_versions=("faiss", "sentence_transformers", "hippo_gpu"), git=git),
+        "passages": {"build": len(head), "insert": len(tail), "stream": len(stream)},
+        "import_seconds": round(import_s, 2),
+        "build_seconds": round(build_s, 2), "build_stages": base.timings,
+        "insert_seconds": round(insert_s, 2), "insert_stages": insert_stages,
+        "insert_ratio": round(insert_s / build_s, 4),
+        "delete_seconds": round(delete_s, 2), "delete_stages": delete_stages,
+        "delete_ratio": round(delete_s / build_s, 4),
+        "targets": TARGETS,
+        "insert_report": changes,
+        "delete_report": {k: v for k, v in delete_report.as_dict().items()
+                          if k != "stage_seconds"},
+        "full_build_warm_seconds": round(full_warm_s, 2),
+        "counts_insert": grown.stats(), "counts_full": full.stats(),
+        "counts_equal": counts_equal, "counts_delete_equal_build": delete_equal,
+        "adjacency_insert_vs_full": adjacency_insert,
+        "adjacency_delete_vs_build": adjacency_delete,
+        "quality_hipporag2_recall": quality, "questions": len(questions),
+        "top10_identical_insert_vs_full": agree("insert", "full"),
+        "top10_identical_delete_vs_build": agree("delete", "build90"),
+        "stream_ms": {"first": round(first * 1e3, 1), "p50": round(p50 * 1e3, 1),
+                      "p99": round(p99 * 1e3, 1), "n": len(rest),
+                      "all": [round(x * 1e3, 1) for x in per_insert]},
+        "stream_typical_stages": stream_stages[typical],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    try:
+        append_result(results, line, allow_dirty=args.allow_dirty)
+    except DirtyTreeError as e:
+        raise SystemExit(str(e)) from None
+    print(f"\nappended to {results}")
+
+
+if __name__ == "__main__":
+    main(ARGS)

@@ -1,0 +1,155 @@
+"""The benchmarks' honesty rules: a check that cannot run says SKIP and exits non-zero, and a
+results line from a dirty tree is refused unless --allow-dirty (then it is marked dirty)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+
+
+@pytest.fixture(scope="module")
+def provenance():
+    spec = importlib.util.spec_from_file_location("provenance", BENCH / "provenance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+@no_cuda
+def test_gpu_retrieval_check_skips_without_cuda(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_retrieval_check.py"), "--threads", "1",
+         "--results", str(tmp_path / "r.jsonl")],
+        capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout.startswith("SKIP: ") and "CUDA" in out.stdout
+    assert "PASS" not in out.stdout
+    assert not (tmp_path / "r.jsonl").exists()  # nothing recorded
+
+
+@no_cuda
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                    reason="needs bash and coreutils timeout")
+@pytest.mark.parametrize("dry", ["0", "1"])
+def test_gpu_check_summarises_skip_and_exits_2_without_cuda(tmp_path, dry):
+    # a dry run installs nothing; the real one would install ./.whl wheels if there were any
+    dry = "1" if (REPO / ".whl").exists() else dry
+    out = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh")], capture_output=True, text=True, timeout=60,
+        env=_env(OUT=str(tmp_path / "out"), GPU_CHECK_DRY=dry), cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr  # every step skipped: not a pass
+    lines = out.stdout.splitlines()
+    steps = {ln.split()[0]: ln.split()[1] for ln in lines
+             if ln.split()[:1] and ln.split()[0] in ("cuda_tests", "retrieval", "ppr",
+                                                     "ppr_kernel")}
+    assert steps == dict.fromkeys(("cuda_tests", "retrieval", "ppr", "ppr_kernel"), "SKIP")
+    assert "SUMMARY: 0 PASS, 0 FAIL, 4 SKIP" in out.stdout
+    assert lines[-1] == "RESULT: SKIP"
+    assert (tmp_path / "out" / "summary.txt").read_text().splitlines()[-1] == "RESULT: SKIP"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com",
+                    "-c", "commit.gpgsign=false", *args], cwd=repo, check=True,
+                   capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    root = tmp_path / "repo"
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "code.py").write_text("x = 1\n")
+    (root / "benchmarks" / "results" / "b.jsonl").write_text("")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "init")
+    return root
+
+
+def test_clean_tree_is_recorded_clean(provenance, repo):
+    # appending to a results file does not make the next run dirty
+    (repo / "benchmarks" / "results" / "b.jsonl").write_text("{}\n")
+    (repo / "benchmarks" / "results" / "new.jsonl").write_text("{}\n")
+    state = provenance.check_clean(False, repo)
+    assert state["dirty"] is False and state["dirty_files"] == 0 and len(state["commit"]) == 40
+    record = provenance.provenance("t", threads=1, device="cpu", git=state, repo=repo,
+                                   batch_sizes={"query_batch": [1, 32]})
+    provenance.append_result(repo / "benchmarks" / "results" / "t.jsonl", record,
+                             allow_dirty=False, repo=repo)
+    line = json.loads((repo / "benchmarks" / "results" / "t.jsonl").read_text())
+    assert line["dirty"] is False and line["batch_sizes"] == {"query_batch": [1, 32]}
+    assert line["commit"] == state["commit"] and "commit_at_write" not in line
+
+
+def test_dirty_tree_is_refused_without_allow_dirty(provenance, repo):
+    (repo / "code.py").write_text("x = 2\n")  # a modified file
+    (repo / "new_module.py").write_text("")  # an untracked file counts too: it may be code
+    with pytest.raises(provenance.DirtyTreeError, match="2 uncommitted"):
+        provenance.check_clean(False, repo)
+    out = repo / "benchmarks" / "results" / "r.jsonl"
+    record = provenance.provenance("t", threads=1, device="cpu", repo=repo)
+    with pytest.raises(provenance.DirtyTreeError, match="--allow-dirty"):
+        provenance.append_result(out, record, allow_dirty=False, repo=repo)
+    assert not out.exists()
+    provenance.append_result(out, record, allow_dirty=True, repo=repo)
+    line = json.loads(out.read_text())
+    assert line["dirty"] is True and line["dirty_files"] == 2
+    assert sorted(line["dirty_paths"]) == ["code.py", "new_module.py"]
+
+
+def test_dirty_at_start_stays_dirty_when_clean_at_write(provenance, repo):
+    (repo / "code.py").write_text("x = 2\n")
+    state = provenance.check_clean(True, repo)
+    record = provenance.provenance("t", threads=1, device="cpu", git=state, repo=repo)
+    (repo / "code.py").write_text("x = 1\n")  # reverted during the run
+    out = repo / "benchmarks" / "results" / "r.jsonl"
+    provenance.append_result(out, record, allow_dirty=True, repo=repo)
+    assert json.loads(out.read_text())["dirty"] is True
+
+
+def test_unknown_git_state_is_refused(provenance, tmp_path):
+    state = provenance.git_state(tmp_path)  # not a checkout
+    assert state == {"commit": None, "dirty": None, "dirty_files": None, "dirty_paths": None}
+    with pytest.raises(provenance.DirtyTreeError, match="unknown"):
+        provenance.check_clean(False, tmp_path)
+    out = tmp_path / "r.jsonl"
+    provenance.append_result(out, {"x": 1}, allow_dirty=True, repo=tmp_path)
+    assert json.loads(out.read_text())["dirty"] is None  # unknown, never recorded as clean
+
+
+def test_provenance_fields(provenance, repo):
+    record = provenance.provenance(
+        "t", threads=2, device="cpu", precision=["float32", "bfloat16"],
+        query_precision="bfloat16", batch_sizes={"encoder_query_batch_size": 16}, repo=repo,
+        optional_versions=("numpy", "no_such_module_xyz"))
+    want = {"provenance", "bench", "time", "commit", "dirty", "dirty_files", "dirty_paths",
+            "hardware", "threads", "torch_threads", "device", "precision", "query_precision",
+            "batch_sizes", "versions", "loadavg", "argv"}
+    assert set(record) == want
+    assert record["precision"] == ["float32", "bfloat16"]
+    assert record["query_precision"] == "bfloat16" and record["threads"] == 2
+    assert record["hardware"]["cpu"] and record["hardware"]["gpu"] is None
+    v = record["versions"]
+    assert v["torch"] == torch.__version__ and v["no_such_module_xyz"] is None
+    assert {"python", "numpy"} <= set(v)
+    json.dumps(record)  # serialisable as is

@@ -1,0 +1,135 @@
+"""POST / DELETE /v1/passages on a live server: token required, atomic switch of the version the
+queries see, errors that change nothing, and queries answered during writes from one version."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
+from hippo_gpu.sample import paths  # noqa: E402
+from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
+from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
+
+TOKEN = "writes-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@contextmanager
+def serving(app) -> Iterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, sample_searcher):
+    files = paths()
+    corpus = json.loads(Path(files["corpus"]).read_text())
+    openie = json.loads(Path(files["openie"]).read_text())
+    build_index(corpus[:25], openie, tmp_path / "idx", device="cpu",
+                encoder=sample_searcher.encoder)
+    searcher = Searcher(load_index(tmp_path / "idx", device="cpu"),
+                        encoder=sample_searcher.encoder)
+    holder = SearcherHolder(searcher, tmp_path / "idx", device="cpu")
+    by_passage = {d["passage"]: d for d in openie["docs"]}
+    new = [{"title": p["title"], "text": p["text"],
+            "triples": by_passage[f"{p['title']}\n{p['text']}"]["extracted_triples"]}
+           for p in corpus[25:]]
+    full = build_index(corpus, openie, None, device="cpu", encoder=sample_searcher.encoder)
+    return holder, new, full, tmp_path / "idx"
+
+
+def test_insert_and_delete_switch_queries_atomically(setup) -> None:
+    holder, new, full, index_dir = setup
+    app = create_app(holder, ServerConfig(token=TOKEN))
+    spec_ops = None
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as c:
+        spec_ops = {op["operationId"] for path in c.get("/openapi.json").json()["paths"].values()
+                    for op in path.values()}
+        assert {"insert_passages", "delete_passages"} <= spec_ops
+        assert c.post("/v1/passages", json={"passages": new}).status_code == 401
+        versions = {25: set(holder.current.index.passage_keys)}
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def reader() -> None:  # every answer must come from exactly one version
+            while not stop.is_set():
+                r = c.post("/v1/retrieve", headers=AUTH,
+                           json={"queries": ["Who designed the lighthouse on Skerrow?"] * 3,
+                                 "top_k": 30, "mode": "hipporag2"})
+                if r.status_code != 200:
+                    errors.append(r.text)
+                    continue
+                keys = [{h["key"] for h in hits} for hits in r.json()["results"]]
+                if not any(all(k <= v for k in keys) for v in versions.values()):
+                    errors.append("an answer mixes versions")
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["passages_added"] == 5 and body["changed"]
+        versions[30] = set(full.passage_keys)
+        assert set(holder.current.index.passage_keys) == set(full.passage_keys)
+        again = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+        assert again.status_code == 200 and again.json()["changed"] is False  # no-op
+        gone = full.passage_keys[25:]
+        bad = c.request("DELETE", "/v1/passages", headers=AUTH,
+                        json={"keys": [gone[0], "chunk-unknown"]})
+        assert bad.status_code == 404 and "chunk-unknown" in bad.text
+        assert len(holder.current.index.passage_keys) == 30  # nothing changed
+        r = c.request("DELETE", "/v1/passages", headers=AUTH, json={"keys": gone})
+        assert r.status_code == 200 and r.json()["passages_removed"] == 5
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert len(holder.current.index.passage_keys) == 25
+    # the served version is the committed one, equal to a fresh build's counts
+    assert load_index(index_dir, device="cpu").stats() == holder.current.index.stats()
+
+
+def test_writes_need_a_token_and_a_writable_index(setup, sample_searcher) -> None:
+    holder, new, _, _ = setup
+    for app in (create_app(holder, ServerConfig()),  # no token: no write routes at all
+                create_app(sample_searcher, ServerConfig(token=TOKEN))):  # nothing to write
+        with serving(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+            ops = {op["operationId"] for path in c.get("/openapi.json").json()["paths"].values()
+                   for op in path.values()}
+            assert "insert_passages" not in ops
+            r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+            assert r.status_code in (404, 405)
+
+
+def test_passages_without_triples_need_an_llm(setup) -> None:
+    holder, new, _, _ = setup
+    with serving(create_app(holder, ServerConfig(token=TOKEN))) as url:
+        body = {"passages": [{"title": new[0]["title"], "text": new[0]["text"]}]}
+        r = httpx.post(url + "/v1/passages", headers=AUTH, json=body, timeout=60)
+        assert r.status_code == 422 and "--llm" in r.text
+        assert len(holder.current.index.passage_keys) == 25
