@@ -1,15 +1,39 @@
-"""Optional fused PPR kernels (Triton/CUDA), shipped as ``hippo_gpu.kernels``.
+"""Optional fused PPR kernels behind :mod:`hippo_gpu.ppr`, shipped as ``hippo_gpu.kernels``.
 
-No kernel ships yet, so ``AVAILABLE`` is False and :mod:`hippo_gpu.ppr` always takes its torch
-path (cuSPARSE on CUDA, MKL on the CPU). The flag is computed once at import; setting
-``HIPPO_GPU_FORCE_TORCH=1`` will keep the torch path even once a kernel exists. See README.md.
+* ``ppr_cpu`` (numba): the fused, cache-blocked CPU solve; the default CPU backend of
+  :class:`hippo_gpu.ppr.PPRSolver` when ``AVAILABLE``.
+* ``ppr_triton`` (Triton): one fused PPR step on CUDA, opt-in (``USE_TRITON`` or
+  ``PPRSolver(kernel="triton")``) until a GPU run shows it faster than cuSPARSE.
+
+The flags are computed once, at import: ``AVAILABLE`` is whether the numba kernel imports (a
+failure is logged once and leaves it False); ``HIPPO_GPU_FORCE_TORCH=1`` keeps every solver on the
+torch path; ``HIPPO_GPU_PPR_TRITON=1`` turns the Triton step on for CUDA solvers. Triton itself
+is imported only when a Triton solver is built. See README.md.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 
-FORCE_TORCH: bool = os.environ.get("HIPPO_GPU_FORCE_TORCH", "") not in ("", "0")
-AVAILABLE: bool = False  # no kernel is built or tested on CUDA yet
+__all__ = ["AVAILABLE", "FORCE_TORCH", "TRITON_AVAILABLE", "USE_TRITON"]
 
-__all__ = ["AVAILABLE", "FORCE_TORCH"]
+_log = logging.getLogger(__name__)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+FORCE_TORCH: bool = _flag("HIPPO_GPU_FORCE_TORCH")
+USE_TRITON: bool = _flag("HIPPO_GPU_PPR_TRITON")
+TRITON_AVAILABLE: bool = importlib.util.find_spec("triton") is not None
+
+try:
+    from hippo_gpu.kernels import ppr_cpu  # noqa: F401  (numba; JIT-compiles on first use)
+
+    AVAILABLE: bool = True
+except ImportError as e:  # numba missing or broken: the torch path serves every call
+    _log.warning("hippo_gpu.kernels: numba PPR kernel unavailable (%s); using torch", e)
+    AVAILABLE = False

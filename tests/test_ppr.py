@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import numpy as np
@@ -12,7 +13,9 @@ from hippo_gpu.ppr import (
     ConvergenceError,
     PPRSolver,
     build_transition,
+    chebyshev_weights,
     personalized_pagerank,
+    ppr_chebyshev,
     ppr_iterate,
 )
 from tests.reference import (
@@ -28,6 +31,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in 
 
 needs_igraph = pytest.mark.skipif(
     importlib.util.find_spec("igraph") is None, reason="python-igraph is the upstream reference"
+)
+needs_numba = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba runs the CPU kernel (extra 'kernels')"
 )
 
 PARITY_ATOL = 1e-9  # float64 vs prpack / the dense oracle, max abs
@@ -50,6 +56,15 @@ def _case(n: int, q: int, seed: int):
     edges, weights = random_graph(n, rng)
     reset = random_reset(n, q, rng)
     return edges, weights, reset
+
+
+@functools.lru_cache(maxsize=8)
+def _oracle(n: int, q: int, seed: int) -> np.ndarray:
+    """Dense float64 PPR of :func:`_case` (cached: several tests share a case)."""
+    edges, weights, reset = _case(n, q, seed)
+    out = dense_ppr(dense_adjacency(edges, weights, n), reset)
+    out.flags.writeable = False
+    return out
 
 
 def _topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
@@ -175,26 +190,42 @@ def test_bad_adjacency_and_damping_raise() -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(
-    ("method", "reorder"), [("closed_form", False), ("iterate", False), ("iterate", True)]
+    ("method", "kernel", "reorder"),
+    [
+        ("closed_form", "auto", False),
+        ("iterate", "torch", False),
+        ("iterate", "torch", True),
+        ("chebyshev", "torch", False),
+        ("chebyshev", "torch", True),
+        pytest.param("chebyshev", "numba", None, marks=needs_numba),
+        pytest.param("iterate", "numba", False, marks=needs_numba),
+    ],
 )
 def test_solver_matches_function(
-    device: str, dtype: torch.dtype, method: str, reorder: bool
+    device: str, dtype: torch.dtype, method: str, kernel: str, reorder: bool | None
 ) -> None:
+    if kernel == "numba" and device != "cpu":
+        pytest.skip("the numba kernel is the CPU backend")
     n, q = 769, 64
     edges, weights, reset = _case(n, q, seed=21)
     adjacency = edges_to_csr(edges, weights, n)
     targets = torch.from_numpy(np.random.default_rng(1).choice(n, 200, replace=False))
     solver = PPRSolver(
-        adjacency, target_nodes=targets, dtype=dtype, device=device, method=method, reorder=reorder
+        adjacency, target_nodes=targets, dtype=dtype, device=device, method=method,
+        reorder=reorder, kernel=kernel,
     )
+    if method != "closed_form":
+        assert solver.backend == kernel
     seeds = torch.from_numpy(reset)
     out = solver(seeds)
     assert out.shape == (200, q) and out.dtype == dtype and out.device.type == device
-    expected = personalized_pagerank(adjacency, seeds)[targets].numpy()
+    expected = _oracle(n, q, 21)[targets.numpy()]
     atol = PARITY_ATOL if dtype == torch.float64 else FLOAT32_ATOL
     np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=0, atol=atol)
-    if method == "iterate":
+    if method != "closed_form":
         assert solver.last_iterations > 0
+        assert solver.last_steps is not None and solver.last_steps.shape == (q,)
+        assert bool((solver.last_error_bound <= solver.tol).all())
     # A second batch through the same precomputed solver (buffers, gathers) stays exact.
     out2 = solver(seeds[:, :5].flip(1)).cpu().numpy()
     np.testing.assert_allclose(out2, expected[:, :5][:, ::-1], rtol=0, atol=atol)
@@ -204,12 +235,81 @@ def test_solver_all_rows_and_to() -> None:
     edges, weights, reset = _case(50, 3, seed=2)
     adjacency = edges_to_csr(edges, weights, 50)
     expected = dense_ppr(dense_adjacency(edges, weights, 50), reset)
-    for method in ("closed_form", "iterate"):
+    for method in ("closed_form", "iterate", "chebyshev"):
         solver = PPRSolver(adjacency, dtype=torch.float64, method=method).to("cpu")
         np.testing.assert_allclose(
             solver(torch.from_numpy(reset)).numpy(), expected, rtol=0, atol=PARITY_ATOL
         )
-    auto = PPRSolver(adjacency, dtype=torch.float64)  # CPU: iterate
-    assert auto.method == "iterate"
+    auto = PPRSolver(adjacency, dtype=torch.float64)  # CPU: chebyshev
+    assert auto.method == "chebyshev"
     with pytest.raises(ValueError):
         auto(torch.zeros(50, 1, dtype=torch.float64))
+
+
+def test_chebyshev_weights() -> None:
+    d = 0.5
+    w = chebyshev_weights(d, 40)
+    assert w[0] == 1.0 and w[1] == pytest.approx(2 / (2 - d * d))
+    # ω_k decreases to the optimal SOR-like limit 2 / (1 + sqrt(1 - d²))
+    assert all(a >= b for a, b in zip(w[1:], w[2:]))
+    assert w[-1] == pytest.approx(2 / (1 + np.sqrt(1 - d * d)), rel=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tol", [1e-4, 1e-8, 1e-12])
+def test_chebyshev_bound_is_real_and_saves_steps(device: str, tol: float) -> None:
+    """The reported L1 bound covers the true error (float64 oracle); fewer steps than power."""
+    n, q = 769, 8
+    edges, weights, reset = _case(n, q, seed=31)
+    transition = build_transition(edges_to_csr(edges, weights, n), device=device)
+    seeds = torch.from_numpy(reset).to(device)
+    cheb = ppr_chebyshev(transition, seeds, tol=tol)
+    power = ppr_iterate(transition, seeds, tol=tol)
+    assert cheb.converged and power.converged
+    expected = _oracle(n, q, 31)
+    for result in (cheb, power):
+        errors = np.abs(result.scores.cpu().numpy() - expected).sum(0)  # true L1 per column
+        bound = result.error_bound.cpu().numpy()
+        assert bool((bound <= tol).all())
+        assert bool((errors <= bound + 1e-14).all())
+        assert bool((result.scores.cpu() >= 0).all())
+    assert int(cheb.iterations.max()) < int(power.iterations.max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("numba", marks=needs_numba)])
+@pytest.mark.parametrize("k", [1, 10, 300])
+def test_top_k_exit_certifies_order(device: str, kernel: str, k: int) -> None:
+    """With top_k, each column's top-k targets and their order equal the oracle's, in no more
+    steps than the tol-only solve (often far fewer)."""
+    if kernel == "numba" and device != "cpu":
+        pytest.skip("the numba kernel is the CPU backend")
+    n, q = 769, 16
+    edges, weights, reset = _case(n, q, seed=41)
+    adjacency = edges_to_csr(edges, weights, n)
+    targets = torch.from_numpy(np.random.default_rng(2).choice(n, 250, replace=False))
+    expected = _oracle(n, q, 41)[targets.numpy()]
+    solver = PPRSolver(adjacency, target_nodes=targets, dtype=torch.float64, device=device,
+                       kernel=kernel, tol=1e-11)
+    full = solver(torch.from_numpy(reset)).cpu().numpy()
+    full_steps = solver.last_steps.clone()
+    out = solver(torch.from_numpy(reset), top_k=k).cpu().numpy()
+    assert bool((solver.last_steps <= full_steps).all())
+    if k == 1:
+        assert bool((solver.last_steps < full_steps).any())
+    m = min(k, targets.numel())
+    for j in range(q):
+        want = np.argsort(-expected[:, j], kind="stable")[:m]
+        assert np.array_equal(np.argsort(-out[:, j], kind="stable")[:m], want)
+        assert np.array_equal(np.argsort(-full[:, j], kind="stable")[:m], want)
+    # the scores themselves are still within the reported (looser) bound
+    errors = np.abs(out - expected).sum(0)
+    assert bool((errors <= solver.last_error_bound.cpu().numpy() + 1e-14).all())
+
+
+def test_top_k_rejects_bad_values() -> None:
+    edges, weights, reset = _case(7, 1, seed=0)
+    solver = PPRSolver(edges_to_csr(edges, weights, 7), dtype=torch.float64)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError):
+            solver(torch.from_numpy(reset), top_k=bad)

@@ -41,21 +41,49 @@ def extract(
     wave_size: int = typer.Option(64, help="passages per backend batch"),
     concurrency: int | None = typer.Option(None, help="HTTP requests in flight (openai:)"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", help="env var holding the API key"),
+    ray: str | None = typer.Option(None, "--ray", metavar="ADDRESS|local",
+                                   help="shard the passages over Ray tasks ('local' starts Ray "
+                                        "here, 'auto' or ray://HOST:PORT joins a cluster); "
+                                        "--llm may then list several openai: endpoints of one "
+                                        "model, comma-separated, used round-robin by shard"),
+    workers: int | None = typer.Option(None, min=1, help="--ray: shards in flight (default: "
+                                                         "one per endpoint)"),
+    shard_size: int = typer.Option(64, min=1, help="--ray: passages per Ray task"),
+    retry_rounds: int = typer.Option(1, min=0, help="--ray: times failed passages are sent "
+                                                    "again, to the next endpoint"),
 ) -> None:
     """Run OpenIE over a corpus with an LLM; resumes from the cache, retries failed passages."""
     from hippo_gpu.data import DataFormatError
     from hippo_gpu.llm.backends import BackendError, BackendSpecError
     from hippo_gpu.llm.extract import OpenIEConfig, extract_openie
 
+    config = OpenIEConfig(max_entities=max_entities, max_triples=max_triples)
+    options = _options_for(llm, _backend_options(api_key_env, concurrency))
+    started = False
     try:
-        report = extract_openie(
-            corpus, llm, out, cache_path=cache,
-            config=OpenIEConfig(max_entities=max_entities, max_triples=max_triples),
-            wave_size=wave_size,
-            backend_options=_options_for(llm, _backend_options(api_key_env, concurrency)),
-        )
-    except (DataFormatError, BackendSpecError, BackendError, ValueError, OSError) as e:
+        if ray is not None:
+            from hippo_gpu.distributed.cluster import connect
+            from hippo_gpu.distributed.ray_extract import extract_openie_ray
+
+            specs = [s.strip() for s in llm.split(",") if s.strip()]
+            started = connect(ray)
+            report = extract_openie_ray(corpus, specs, out, cache_path=cache, config=config,
+                                        shard_size=shard_size, wave_size=wave_size,
+                                        workers=workers, retry_rounds=retry_rounds,
+                                        backend_options=options)
+        elif "," in llm:
+            fail("several --llm endpoints need --ray")
+        else:
+            report = extract_openie(corpus, llm, out, cache_path=cache, config=config,
+                                    wave_size=wave_size, backend_options=options)
+    except (DataFormatError, BackendSpecError, BackendError, ValueError, OSError,
+            ImportError) as e:
         fail(str(e))
+    finally:
+        if started:
+            import ray as ray_module
+
+            ray_module.shutdown()
     table = Table(title=f"OpenIE -> {out}")
     table.add_column("passages", justify="right")
     table.add_column("extracted", justify="right")

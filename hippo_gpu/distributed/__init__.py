@@ -1,0 +1,28 @@
+"""Ray back ends of the batch jobs: `hippo-gpu retrieve --ray` and `hippo-gpu extract --ray`.
+
+    ray_batch.py    retrieve_ray: Ray Data reads a query file, an actor pool (each actor loads
+                    the index once) answers it, committed Parquet parts are joined into OUT
+    ray_extract.py  extract_openie_ray: passages sharded over Ray tasks, round-robin over several
+                    LLM endpoints; the driver owns the content-addressed cache
+
+Ray is optional (the `[ray]` extra) and is imported only inside this package; nothing in the core
+imports this package. The names below load their module (and so Ray) on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["extract_openie_ray", "retrieve_ray"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "retrieve_ray":
+        from hippo_gpu.distributed.ray_batch import retrieve_ray
+
+        return retrieve_ray
+    if name == "extract_openie_ray":
+        from hippo_gpu.distributed.ray_extract import extract_openie_ray
+
+        return extract_openie_ray
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
