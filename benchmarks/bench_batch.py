@@ -10,7 +10,8 @@ Lines {"id", "query"}; every row answers them with the same index, mode, top-k a
   retrieve --ray``) on a local Ray instance of --ray-cpus CPUs, for each W in --workers. Two
   figures: end to end (``wall``: actors start, load the index, answer, parts joined) and
   ``steady``: rows / (last batch end - first batch start) as the replicas time their own calls
-  (so actor start is excluded, as the local row excludes its load).
+  (so actor start is excluded, as the local row excludes its load). The Ray pool's unit of work
+  (and of commit) is a chunk of --part-size rows, small enough to spread over the workers.
 
 Every row's output keys are compared with the first local row's (the count of rows whose top-k
 keys differ is printed; it must be 0), and the largest score difference is reported.
@@ -133,13 +134,13 @@ def run_ray(index: Path, queries: Path, out: Path, workers: int, cpus: float,
     from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray
 
     class TimedActor(IndexActor):
-        """Records (pid, call start, call end, rows) of every call."""
+        """Records (pid, start, end, rows) of every chunk it answers."""
 
-        def __call__(self, batch: Any) -> Any:
+        def answer(self, rows: Any) -> Any:
             t0 = time.time()
-            result = super().__call__(batch)
+            result = super().answer(rows)
             with open(spans, "a") as f:
-                f.write(json.dumps([os.getpid(), t0, time.time(), batch.num_rows]) + "\n")
+                f.write(json.dumps([os.getpid(), t0, time.time(), rows.num_rows]) + "\n")
             return result
 
     spans.unlink(missing_ok=True)
@@ -147,7 +148,8 @@ def run_ray(index: Path, queries: Path, out: Path, workers: int, cpus: float,
     t0 = time.time()
     report = retrieve_ray(index, queries, out, workers=workers, cpus_per_worker=cpus_per_worker,
                           threads_per_worker=args.threads, mode=args.mode, top_k=args.top_k,
-                          batch_size=args.batch_size, device="cpu", actor_cls=TimedActor)
+                          batch_size=args.batch_size, part_size=args.part_size, device="cpu",
+                          actor_cls=TimedActor)
     calls = [json.loads(line) for line in spans.read_text().splitlines()]
     first, last = min(c[1] for c in calls), max(c[2] for c in calls)
     return {"row": f"ray {workers} x {args.threads} thr", "kind": "ray", "workers": workers,
@@ -166,6 +168,7 @@ def main() -> None:
     ap.add_argument("--mode", default="hipporag2")
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--part-size", type=int, default=500, help="Ray: rows per chunk")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per Ray worker")
     ap.add_argument("--local-threads", default="1,2", help="thread counts of the local rows")
     ap.add_argument("--workers", default="1,2", help="Ray pool sizes")
@@ -220,6 +223,7 @@ def main() -> None:
     import torch
 
     record.update(rows=args.rows, mode=args.mode, top_k=args.top_k, ray_cpus=args.ray_cpus,
+                  part_size=args.part_size,
                   index=str(index), index_build_s=build_s, memory=mem, results=results,
                   torch_threads_local=[r["threads"] for r in results if r["kind"] == "local"],
                   torch_version=torch.__version__)

@@ -122,7 +122,6 @@ def load_graph(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
         return adjacency, saved["passages"], saved["reset"], info
     # musique_train: the index API (hippo_gpu.build_index / load_index / search).
     import hippo_gpu
-    from hippo_gpu.search import hipporag2_reset_vectors
 
     data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
     sub = data / "musique_train"
@@ -134,7 +133,8 @@ def load_graph(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
             sub / "corpus.json", sub / "openie_gpt-3.5-turbo-1106.json", index_dir
         )
     questions = json.loads((sub / "questions.json").read_text())
-    reset = hipporag2_reset_vectors(index, [q["question"] for q in questions]).to(torch.float64)
+    searcher = hippo_gpu.Searcher(index)
+    reset = searcher.hipporag2_reset_vectors([q["question"] for q in questions]).to(torch.float64)
     adjacency = index.adjacency.to("cpu")
     passages = index.passage_nodes.to(torch.int64).cpu()
     if cache is not None:

@@ -99,7 +99,7 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m hippo_gpu.cli.serve` on loopback, with its log in a temp file."""
 
-    def __init__(self, args: argparse.Namespace, max_batch: int) -> None:
+    def __init__(self, args: argparse.Namespace, max_batch: int, query_backend: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
@@ -108,7 +108,7 @@ class ServerProcess:
             "--index", str(args.index), "--host", "127.0.0.1", "--port", str(self.port),
             "--device", args.device, "--max-batch", str(max_batch),
             "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(args.max_queue),
-            "--log-level", "warning",
+            "--log-level", "warning", "--query-backend", query_backend,
         ]  # fmt: skip
         if args.threads:
             cmd += ["--threads", str(args.threads)]
@@ -243,6 +243,9 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads in the server")
     p.add_argument("--query-precision", default=None, help="server query encoder precision")
+    p.add_argument("--query-backends", default="auto",
+                   help="comma list of server query encoder backends run one after the other in "
+                        "this run (e.g. torch,onnx for a before/after of the ONNX encoder)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     add_arguments(p)
@@ -253,21 +256,23 @@ def main() -> None:
         raise SystemExit(str(e)) from None
 
     queries = load_queries(args.queries or default_queries())
-    settings = {"both": [("on", args.max_batch), ("off", 1)], "on": [("on", args.max_batch)],
-                "off": [("off", 1)]}[args.batching]  # fmt: skip
+    batchings = {"both": [("on", args.max_batch), ("off", 1)], "on": [("on", args.max_batch)],
+                 "off": [("off", 1)]}[args.batching]  # fmt: skip
+    backends = [b.strip() for b in args.query_backends.split(",") if b.strip()]
+    settings = [(name, mb, qb) for qb in backends for name, mb in batchings]
     encoder = index_encoder(args.index)
     query_precision = args.query_precision or encoder.get("precision", "float32")
     device = served_device(args.device)
     reference: dict[str, list[str]] = {}
-    qps: dict[tuple[str, int], float] = {}
+    qps: dict[tuple[str, str, int], float] = {}
     print(f"{len(queries)} queries, mode={args.mode}, top_k={args.top_k}, device={device}, "
           f"server threads={args.threads or 'torch default'}, query_precision={query_precision}")
     header = (
         f"{'batching':>8} {'conc':>5} {'reqs':>6} {'err':>4} {'QPS':>8} {'p50 ms':>8} "
         f"{'p95 ms':>8} {'p99 ms':>8} {'batch':>6} {'agree':>6}"
     )
-    for name, max_batch in settings:
-        server = ServerProcess(args, max_batch)
+    for name, max_batch, backend in settings:
+        server = ServerProcess(args, max_batch, backend)
         try:
             startup_s = server.wait_ready(args.startup_timeout)
             index_stats = server.stats()["index"]
@@ -275,7 +280,9 @@ def main() -> None:
                 reference = asyncio.run(reference_pass(server.url, queries, args.mode, args.top_k))
             else:
                 asyncio.run(reference_pass(server.url, queries[:8], args.mode, args.top_k))
-            print(f"\nserver batching {name} (max_batch={max_batch}): ready in {startup_s:.1f} s")
+            served_backend = index_stats.get("query_backend", backend)
+            print(f"\nserver batching {name} (max_batch={max_batch}), query backend {backend} "
+                  f"({served_backend}): ready in {startup_s:.1f} s")
             print(header)
             for c in args.concurrency:
                 before = server.stats()["batcher"]
@@ -292,7 +299,7 @@ def main() -> None:
                 ok = len(res.latencies_s)
                 rate = ok / res.wall_s if res.wall_s > 0 else 0.0
                 agree = res.agreeing / res.checked if res.checked else float("nan")
-                qps[(name, c)] = rate
+                qps[(backend, name, c)] = rate
                 print(
                     f"{name:>8} {c:>5} {ok + res.errors:>6} {res.errors:>4} {rate:>8.1f} "
                     f"{q[0]:>8.2f} {q[1]:>8.2f} {q[2]:>8.2f} {mean_batch:>6.1f} {agree:>6.3f}"
@@ -321,6 +328,8 @@ def main() -> None:
                         "device": args.device,
                         "threads": args.threads,
                         "query_precision": args.query_precision,
+                        "query_backend": backend,
+                        "served_query_backend": served_backend,
                         "requests_per_client": args.requests_per_client,
                         "max_seconds": args.max_seconds,
                         "n_distinct_queries": len(queries),
@@ -344,13 +353,17 @@ def main() -> None:
             rc = server.stop()
             if rc not in (0, -signal.SIGINT):
                 print(f"server exit code {rc}:\n{server.tail()}")
-    for name in ("on", "off"):
-        if (name, 32) in qps and ("off", 1) in qps and qps[("off", 1)] > 0:
-            print(f"QPS(c=32, batching {name}) / QPS(c=1, batching off) = "
-                  f"{qps[(name, 32)] / qps[('off', 1)]:.2f}")  # fmt: skip
-    if ("on", 32) in qps and ("on", 1) in qps and qps[("on", 1)] > 0:
-        print(f"QPS(c=32, batching on) / QPS(c=1, batching on) = "
-              f"{qps[('on', 32)] / qps[('on', 1)]:.2f}")  # fmt: skip
+    for backend in backends:
+        for name in ("on", "off"):
+            if (backend, name, 32) in qps and qps.get((backend, "off", 1), 0) > 0:
+                print(f"[{backend}] QPS(c=32, batching {name}) / QPS(c=1, batching off) = "
+                      f"{qps[(backend, name, 32)] / qps[(backend, 'off', 1)]:.2f}")
+    if len(backends) > 1:
+        first = backends[0]
+        for (backend, name, c), rate in sorted(qps.items()):
+            base = qps.get((first, name, c))
+            if backend != first and base:
+                print(f"QPS {backend} / {first} (batching {name}, {c} clients) = {rate / base:.2f}")
     print(f"appended to {args.out}")
 
 

@@ -6,6 +6,8 @@
 #
 #   OUT=/path/to/results bash benchmarks/gpu_check.sh     (OUT defaults to ./gpu_out)
 #   GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh          (preconditions only; runs no step)
+#   GPU_CHECK_STEPS=scale bash benchmarks/gpu_check.sh    (only the 1M scale step: a run of its
+#                                                          own, SCALE_LIMIT 480 s + setup)
 #
 # Each check step prints PASS, FAIL or SKIP (with why) and logs to $OUT/NAME.log; the summary is
 # also written to $OUT/summary.txt. Exit status: 1 if any step FAILed (a timeout is a FAIL);
@@ -22,6 +24,12 @@
 #                identical (same order) for >= 99 % of the questions per mode, float16 reported
 #   ppr          benchmarks/bench_ppr.py on CUDA (command in PPR_CMD below; PASS = it ran)
 #   ppr_kernel   benchmarks/gpu_ppr_kernel_check.py, only if that file exists (SKIP otherwise)
+#   scale        benchmarks/bench_scale.py at SCALE_PASSAGES (default 1,000,000) on CUDA: the
+#                synthetic corpus built through build_index (hash:64 vectors, synonym kNN on
+#                the GPU with faiss-gpu's IVF when installed, else IVF on the CPU; recall in
+#                the line), then load and retrieval timings at Q = 1/32/256. Not in the default
+#                step list (it alone needs ~its 480 s): run it with GPU_CHECK_STEPS=scale.
+# GPU_CHECK_STEPS (default "cuda_tests retrieval ppr ppr_kernel") picks the steps to run.
 # Without CUDA every check step SKIPs at once (bench_ppr would otherwise fall back to the CPU).
 #
 # The machine has no network; carry what it lacks from here (both folders are git-ignored or
@@ -61,6 +69,13 @@ TESTS_LIMIT=90
 RETRIEVAL_LIMIT=140
 PPR_LIMIT=120
 KERNEL_LIMIT=60
+SCALE_LIMIT=480  # only when GPU_CHECK_STEPS has scale (then alone: 30 s wheels + 30 s env + 480)
+STEPS=" ${GPU_CHECK_STEPS:-cuda_tests retrieval ppr ppr_kernel} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+SCALE_CMD=(python3 benchmarks/bench_scale.py --passages "${SCALE_PASSAGES:-1000000}"
+    --threads "$THREADS" --device cuda --prpack-queries 0 --repeats 2 --allow-dirty
+    --timeout 460 --work-dir /tmp/hippo_scale --results "$OUT/bench_scale.jsonl"
+    --plot "$OUT/bench_scale.png")
 # ---- the PPR step's command (bench_ppr.py is extended elsewhere: adjust it here only) ----------
 PPR_CMD=(python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 --queries 128
     --batch-sizes 1,32,128 --threads "$THREADS" --device cuda --dtypes float32 --methods auto
@@ -137,17 +152,21 @@ if [ "$DRY" = 1 ]; then
     record cuda_tests SKIP 0 "dry run (CUDA=$CUDA): ${TESTS_CMD[*]}"
     record retrieval SKIP 0 "dry run (CUDA=$CUDA): ${RETRIEVAL_CMD[*]}"
     record ppr SKIP 0 "dry run (CUDA=$CUDA): ${PPR_CMD[*]}"
+    want scale && record scale SKIP 0 "dry run (CUDA=$CUDA): ${SCALE_CMD[*]}"
     if [ -f "$KERNEL_CHECK" ]; then
         record ppr_kernel SKIP 0 "dry run (CUDA=$CUDA): python3 $KERNEL_CHECK"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi
 elif [ "$CUDA" != 1 ]; then
-    for name in cuda_tests retrieval ppr ppr_kernel; do
-        record "$name" SKIP 0 "SKIP: no CUDA device (torch.cuda.is_available() is False)"
+    for name in cuda_tests retrieval ppr ppr_kernel scale; do
+        want "$name" && record "$name" SKIP 0 \
+            "SKIP: no CUDA device (torch.cuda.is_available() is False)"
     done
 else
-    if [ -z "$TEST_FILES" ]; then
+    if ! want cuda_tests; then
+        :
+    elif [ -z "$TEST_FILES" ]; then
         record cuda_tests SKIP 0 "no test file mentions cuda"
     else
         run_logged cuda_tests "$TESTS_LIMIT" "${TESTS_CMD[@]}"
@@ -164,10 +183,11 @@ else
         fi
     fi
 
-    check retrieval "$RETRIEVAL_LIMIT" "${RETRIEVAL_CMD[@]}"
+    want retrieval && check retrieval "$RETRIEVAL_LIMIT" "${RETRIEVAL_CMD[@]}"
 
-    run_logged ppr "$PPR_LIMIT" "${PPR_CMD[@]}"
-    if [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
+    if ! want ppr; then
+        :
+    elif run_logged ppr "$PPR_LIMIT" "${PPR_CMD[@]}"; [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
         record ppr FAIL "$ELAPSED" "timed out after ${PPR_LIMIT}s"
     elif [ "$RC" != 0 ]; then
         record ppr FAIL "$ELAPSED" "exit $RC"
@@ -177,11 +197,15 @@ else
         record ppr PASS "$ELAPSED" "ran on CUDA (figures in ppr.log, bench_ppr.jsonl)"
     fi
 
-    if [ -f "$KERNEL_CHECK" ]; then
+    if ! want ppr_kernel; then
+        :
+    elif [ -f "$KERNEL_CHECK" ]; then
         check ppr_kernel "$KERNEL_LIMIT" python3 "$KERNEL_CHECK"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi
+
+    want scale && check scale "$SCALE_LIMIT" "${SCALE_CMD[@]}"
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

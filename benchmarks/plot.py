@@ -456,6 +456,43 @@ def plot_server(plt: Any, rows: list[dict[str, Any]], out: Path, skipped: dict[s
 # ---------------------------------------------------------------------------------------------
 
 
+
+def plot_scale(plt: Any, rows: list[dict[str, Any]], out: Path) -> str:
+    """bench_scale.jsonl -> ms/query (hipporag2, dense at each Q) and peak RSS vs passages.
+
+    The latest line per passage count (one machine's run, as bench_scale writes them)."""
+    runs = pick_latest([r for r in rows if r.get("bench") == "scale"], key=lambda r: r["passages"])
+    runs = sorted(runs, key=lambda r: r["passages"])
+    if not runs:
+        return "skipped: no bench_scale lines"
+    sizes = [r["passages"] for r in runs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    keys = sorted({k for r in runs for k in r["query"]["ms_per_query"]},
+                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    for k in keys:
+        mode, q = k.split("@")
+        ys = [r["query"]["ms_per_query"].get(k) for r in runs]
+        ax1.plot(sizes, ys, marker="o", label=f"{mode} Q={q}",
+                 color=MODE_COLORS.get(mode), alpha=0.4 + 0.6 * int(q) / 256)
+    prp = [(r["passages"], r.get("prpack", {}).get("prpack_ms_per_query")) for r in runs]
+    prp = [(p, v) for p, v in prp if v is not None]
+    if prp:
+        ax1.plot(*zip(*prp), marker="s", linestyle="--", color="black", label="igraph prpack")
+    ax1.set(xscale="log", yscale="log", xlabel="passages", ylabel="ms / query",
+            title="retrieval cost vs corpus size")
+    ax1.legend(fontsize=7)
+    for phase, color in (("build", "tab:red"), ("query", "tab:blue")):
+        ax2.plot(sizes, [r[phase]["peak_rss_gb"] for r in runs], marker="o", color=color,
+                 label=f"{phase} peak RSS")
+    ax2.set(xscale="log", xlabel="passages", ylabel="GB", title="peak RSS vs corpus size")
+    ax2.legend(fontsize=7)
+    fig.suptitle(provenance_line(runs), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return f"{len(runs)} sizes"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder of *.jsonl results")
@@ -494,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recall.png": plot_recall(plt, args.results, args.eval_json, args.out / "recall.png"),
         "server.png": plot_server(plt, read_jsonl(args.results / "bench_server.jsonl"),
                                   args.out / "server.png", skipped),
+        "bench_scale.png": plot_scale(plt, read_jsonl(args.results / "bench_scale.jsonl"),
+                                      args.out / "bench_scale.png"),
     }
     for name, what in report.items():
         where = args.out / name

@@ -20,9 +20,22 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig
-from hippo_gpu.data import OpenIEDoc, OpenIEReport, Passage, Triple, as_passages, read_openie
+from hippo_gpu.data import (
+    OpenIEDoc,
+    OpenIEReport,
+    Passage,
+    PassageTriples,
+    Triple,
+    as_passages,
+    read_openie,
+)
 from hippo_gpu.device import precision_dtype, resolve_device
-from hippo_gpu.embed import Encoder
+from hippo_gpu.embed import (
+    EmbeddingFunction,
+    Encoder,
+    PrecomputedEmbeddings,
+    hash_encoder_dim,
+)
 from hippo_gpu.graph import (
     build_graph,
     extract_elements,
@@ -34,13 +47,17 @@ from hippo_gpu.index import Index
 from hippo_gpu.synonyms import (
     APPROXIMATE_BACKENDS,
     SynonymEdges,
+    approximate_synonym_edges,
     knn,
-    knn_recall,
     resolve_knn_backend,
     select_synonym_edges,
     synonym_candidates_k,
     update_synonym_edges,
 )
+
+# Where vectors can come from besides the encoder: a PrecomputedEmbeddings directory (looked up
+# by text, the rest encoded) or a function (texts, kind) -> [n, D] used for every text.
+EmbeddingSource = PrecomputedEmbeddings | EmbeddingFunction
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +78,19 @@ class CorpusState:
 
 def corpus_state(passages: Sequence[Passage], docs: Sequence[OpenIEDoc]) -> CorpusState:
     """Normalise each doc's triples (normalising twice changes nothing, so stored triples
-    rebuild the same graph)."""
+    rebuild the same graph). Each distinct string is normalised once and the result shared, so
+    a phrase in a thousand triples is one string object, not a thousand."""
+    memo: dict[str, str] = {}
+
+    def norm(s: str) -> str:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = normalize_text(s)
+        return out
+
     return CorpusState(
         passages=list(passages),
-        triples=[[(normalize_text(s), normalize_text(p), normalize_text(o))
-                  for s, p, o in d.triples] for d in docs],
+        triples=[[(norm(s), norm(p), norm(o)) for s, p, o in d.triples] for d in docs],
         malformed=[dict(d.malformed) for d in docs],
         error=[bool(d.error) for d in docs],
     )
@@ -96,6 +121,7 @@ def build_index(
     allow_missing_openie: bool = False,
     show_progress: bool = False,
     precision: str = "float32",
+    embeddings: str | Path | EmbeddingSource | None = None,
 ) -> Index:
     """Build the HippoRAG 2 index of `corpus` from its OpenIE output; save it if `out_dir`.
 
@@ -103,8 +129,9 @@ def build_index(
         corpus: corpus JSON path, or passages ({title, text} dicts or Passage objects).
         openie: OpenIE JSON (v1 or v2 format) path or parsed object.
         out_dir: where to write the index (atomically), or None to keep it in memory only.
-        encoder: sentence-transformers model name/path, a full EncoderConfig, or a loaded
-            Encoder to reuse.
+        encoder: sentence-transformers model name/path ("hash:D": the weightless test encoder of
+            embed.HashEncoder), a full EncoderConfig, or a loaded Encoder to reuse. It embeds the
+            queries later, so it must be the model that made any `embeddings` given.
         device: "auto", "cpu", "cuda": where embedding, kNN and the returned index live.
         graph: graph construction settings (defaults reproduce upstream).
         cache_dir: embedding cache root (texts already embedded by the same encoder are reused).
@@ -112,6 +139,10 @@ def build_index(
         show_progress: progress bars for the long stages.
         precision: embedding precision of the returned index on `device` (the saved files are
             float32 whatever it is); see `load_index`.
+        embeddings: vectors made elsewhere: a PrecomputedEmbeddings directory (or its path;
+            texts it lacks are encoded) or a function (texts, kind) -> [n, D] array used for
+            every text (kind: "passages", "phrases" or "facts"). The encoder is then loaded only
+            if some text is left to encode.
     """
     dev = resolve_device(device)
     precision_dtype(precision)  # validate before any work
@@ -121,6 +152,9 @@ def build_index(
         enc_cfg = encoder if isinstance(encoder, EncoderConfig) else \
             EncoderConfig(model=encoder) if encoder else EncoderConfig()
     config = IndexConfig(encoder=enc_cfg, graph=graph or GraphConfig())
+    hash_encoder_dim(enc_cfg.model)  # a malformed "hash:" name fails before any work
+    source = PrecomputedEmbeddings(embeddings) if isinstance(embeddings, (str, Path)) \
+        else embeddings
     stages = Stages()
 
     passages = as_passages(corpus)
@@ -138,8 +172,9 @@ def build_index(
         stages.lap("load_encoder")
         return enc
 
+    del docs, passages  # the state holds what is needed
     index = assemble_index(state, config, load_encoder, dev, stages=stages,
-                           show_progress=show_progress)
+                           show_progress=show_progress, embeddings=source, consume_triples=True)
     if out_dir is not None:
         index.save(out_dir)
         stages.lap("save")
@@ -156,8 +191,13 @@ def assemble_index(
     previous: Index | None = None,
     stages: Stages | None = None,
     show_progress: bool = False,
+    embeddings: EmbeddingSource | None = None,
+    consume_triples: bool = False,
 ) -> Index:
     """Compute the index of `state`: graph elements, embeddings, synonym edges, adjacency.
+
+    With `consume_triples` the per-passage triple lists of `state` are emptied once the graph
+    elements hold them as integer rows (9M tuples at 1M passages; build_index owns its state).
 
     With `previous` (an earlier version of the same index, same config), vectors of texts it
     already holds are copied instead of encoded, and synonym lists are recomputed only for the
@@ -165,7 +205,10 @@ def assemble_index(
     fresh build of `state` gives. `load_encoder` is called only if some text must be encoded.
     """
     stages = stages or Stages()
-    elements = extract_elements([OpenIEDoc(entities=(), triples=tuple(t)) for t in state.triples])
+    elements = extract_elements(state.triples, normalized=True, show_progress=show_progress)
+    per_passage = np.diff(elements.occurrence_ptr)  # [P] triples kept per passage
+    if consume_triples:
+        state.triples.clear()
     stages.lap("graph_elements")
 
     loaded: list[Encoder] = []  # the encoder, loaded on first need
@@ -175,18 +218,37 @@ def assemble_index(
             loaded.append(load_encoder())
         return loaded[0]
 
-    def encode(texts: list[str], old_texts: list[str] | None, old_emb: torch.Tensor | None,
+    def encode(texts: list[str], old_texts: Sequence[str] | None, old_emb: torch.Tensor | None,
                what: str) -> torch.Tensor:
         """[n, D] float32 vectors of texts: copied from the previous version where present."""
-        row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
-        todo = [i for i, t in enumerate(texts) if t not in row]
-        dim = old_emb.shape[1] if old_emb is not None else get_encoder().dim
-        out = torch.zeros((len(texts), dim), dtype=torch.float32)
-        have = [(i, row[t]) for i, t in enumerate(texts) if t in row]
-        if have and old_emb is not None:
-            dst, src = zip(*have)
-            out[list(dst)] = old_emb.float().cpu()[list(src)]
-        if todo:
+        if old_texts is None and embeddings is not None and \
+                not isinstance(embeddings, PrecomputedEmbeddings):
+            vectors = np.asarray(embeddings(texts, what), dtype=np.float32)
+            if vectors.ndim != 2 or len(vectors) != len(texts):
+                raise ValueError(f"the embedding function returned shape {vectors.shape} for "
+                                 f"{len(texts)} {what}; expected [{len(texts)}, D]")
+            stages.lap(f"embed_{what}")
+            return torch.nn.functional.normalize(torch.from_numpy(vectors), dim=-1)
+        if old_texts is None and isinstance(embeddings, PrecomputedEmbeddings):
+            found_vectors, found = embeddings.lookup(texts, what)
+            out = torch.from_numpy(found_vectors)
+            todo = np.nonzero(~found)[0].tolist()
+            if todo:
+                log.warning("%d of %d %s have no precomputed vector: encoding them with %s",
+                            len(todo), len(texts), what, config.encoder.model)
+        else:
+            row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
+            todo = [i for i, t in enumerate(texts) if t not in row] if row else \
+                list(range(len(texts)))
+            dim = old_emb.shape[1] if old_emb is not None else 0
+            out = torch.zeros((len(texts), dim), dtype=torch.float32)
+            have = [(i, row[t]) for i, t in enumerate(texts) if t in row] if row else []
+            if have and old_emb is not None:
+                dst, src = zip(*have)
+                out[list(dst)] = old_emb.float().cpu()[list(src)]
+        if len(todo) == len(texts):  # nothing copied: no gather and scatter of n rows
+            out = get_encoder().encode(texts, desc=f"embed {what}" if show_progress else None)
+        elif todo:
             fresh = get_encoder().encode([texts[i] for i in todo],
                                          desc=f"embed {what}" if show_progress else None)
             out[todo] = fresh.float().cpu()
@@ -194,31 +256,36 @@ def assemble_index(
         return out
 
     prev = previous
-    passage_emb = encode([p.content for p in state.passages],
-                         prev.passage_texts if prev else None,
+    passage_texts = [p.content for p in state.passages]
+    passage_emb = encode(passage_texts, prev.passage_texts if prev else None,
                          prev.passage_emb if prev else None, "passages")
     phrase_emb = encode(elements.phrases, prev.phrases if prev else None,
                         prev.phrase_emb if prev else None, "phrases")
     fact_texts = [fact_text(f) for f in elements.facts]
     fact_emb = encode(fact_texts, [fact_text(f) for f in prev.facts] if prev else None,
                       prev.fact_emb if prev else None, "facts")
+    del fact_texts
 
-    backend = resolve_knn_backend(config.graph.knn_backend, device)
+    backend = resolve_knn_backend(config.graph.knn_backend, device, len(elements.phrases))
     k = synonym_candidates_k(config.graph, len(elements.phrases))
     knn_info: dict[str, Any] = {"backend": backend, "k": k}
-    if prev is None:
+    if prev is None and backend in APPROXIMATE_BACKENDS:
+        synonyms, knn_info = approximate_synonym_edges(
+            elements.phrases, phrase_emb, config.graph, device=device,
+            kind="ivf" if backend == "faiss-ivf" else "hnsw", show_progress=show_progress)
+        log.info("approximate synonym kNN (%s): edge recall vs exact = %.4f on %d phrases",
+                 knn_info["backend"], knn_info["recall_vs_exact"], knn_info.get("recall_sample", 0))
+    elif prev is None:
         scores, ids = knn(phrase_emb.to(device) if backend == "torch" else phrase_emb, k,
                           backend=backend)
-        if backend in APPROXIMATE_BACKENDS:
-            knn_info["recall_vs_exact"] = round(knn_recall(phrase_emb, ids), 4)
-            log.warning("approximate synonym kNN (%s): recall@%d vs exact = %.4f on a sample",
-                        backend, k, knn_info["recall_vs_exact"])
+        knn_info["recall_vs_exact"] = 1.0
         synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
+        del scores, ids
     else:
         old = SynonymEdges(prev.synonym_src.numpy(), prev.synonym_dst.numpy(),
                            prev.synonym_score.float().numpy())
         synonyms, recomputed = update_synonym_edges(
-            prev.phrases, prev.phrase_emb.float().cpu(), old, elements.phrases, phrase_emb,
+            list(prev.phrases), prev.phrase_emb.float().cpu(), old, elements.phrases, phrase_emb,
             config.graph, backend=backend, device=device)
         knn_info["recomputed_phrases"] = recomputed
         prev_knn = prev.report.get("synonym_knn", {})
@@ -235,14 +302,14 @@ def assemble_index(
     for m in state.malformed:
         for reason, count in m.items():
             by_reason[reason] = by_reason.get(reason, 0) + count
-    kept = sum(len(t) for t in state.triples)
+    kept = int(per_passage.sum())
     report = {
         "passages": len(state.passages),
         "triples_read": kept + malformed,
         "triples_kept": kept,
         "malformed_triples": malformed,
         "malformed_by_reason": dict(sorted(by_reason.items())),
-        "passages_without_triples": sum(1 for t in state.triples if not t),
+        "passages_without_triples": int((per_passage == 0).sum()),
         "passages_with_error": sum(state.error),
         **state.extra,
         "synonym_knn": knn_info,
@@ -253,8 +320,9 @@ def assemble_index(
         passage_nodes=graph_out.passage_nodes,
         passage_keys=[p.key for p in state.passages],
         passage_titles=[p.title for p in state.passages],
-        passage_texts=[p.content for p in state.passages],
+        passage_texts=passage_texts,
         phrases=elements.phrases,
+        predicates=elements.predicates,
         facts=elements.facts,
         fact_phrases=torch.from_numpy(elements.fact_phrases),
         phrase_passage_counts=torch.from_numpy(phrase_passage_counts(elements).astype(np.int64)),
@@ -266,7 +334,8 @@ def assemble_index(
         counts=counts,
         report=report,
         timings=stages.seconds,
-        passage_triples=[list(t) for t in state.triples],
+        passage_triples=PassageTriples(elements.facts, elements.occurrence_ptr,
+                                       elements.occurrence_fact),
         passage_malformed=state.malformed,
         passage_error=state.error,
         synonym_src=torch.from_numpy(synonyms.src.astype(np.int64)),

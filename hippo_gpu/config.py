@@ -133,6 +133,13 @@ class RetrievalConfig:
         HippoRAG 1 entity ranking are fused by weighted reciprocal rank (see
         hippo_gpu.search._hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
         even-numbered half of musique_train's questions (benchmarks/tune_hybrid.py).
+    chunk_bytes: working-memory budget of one retrieval chunk, in bytes (default 1.75 GiB). The
+        query path never holds a [Q, F] query-fact or a [Q, P] / [N, Q] query-passage/node
+        matrix whole once it outgrows this: fact scores are taken in fact-row blocks with a
+        running exact top-k, and passage scores, seeds, PPR and fusion run over query-column
+        chunks, both sized from this budget (hippo_gpu.search.plan_chunks). Results do not
+        depend on it; an index small enough for the budget runs as one chunk. Smaller chunks
+        cost time (fewer columns per PPR solve); benchmarks/bench_query_memory.py measures both.
     """
 
     linking_top_k: int = 5
@@ -147,8 +154,11 @@ class RetrievalConfig:
     hybrid_weight: float = 0.5
     hybrid_rrf_k: float = 20.0
     hybrid_entity_weight: float = 0.2
+    chunk_bytes: int = 7 << 28  # 1.75 GiB: 8 query columns per PPR solve at 1M passages
 
     def __post_init__(self) -> None:
+        if self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
         if self.linking_top_k < 1 or self.hybrid_linking_top_k < 1:
             raise ValueError("linking_top_k must be >= 1")
         if self.passage_node_weight < 0 or self.hybrid_passage_node_weight < 0:

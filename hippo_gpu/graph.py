@@ -19,7 +19,6 @@ also a synonym pair: each orientation independently count or score. Nodes: M phr
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,18 +27,13 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import GraphConfig
-from hippo_gpu.data import OpenIEDoc, Triple
+from hippo_gpu.data import FactTable, OpenIEDoc, Triple, normalize_text
+from hippo_gpu.progress import progress
 from hippo_gpu.synonyms import SynonymEdges
 
-_NORMALISE = re.compile(r"[^A-Za-z0-9 ]")
-
-
-def normalize_text(s: str) -> str:
-    """Upstream's text_processing: lower-case, non-alphanumerics (except space) -> space, strip.
-
-    Internal runs of spaces are kept, as upstream keeps them.
-    """
-    return _NORMALISE.sub(" ", s.lower()).strip()
+__all__ = ["Graph", "GraphElements", "build_graph", "coo_to_csr", "edge_counts",
+           "extract_elements", "fact_text", "make_csr", "normalize_text",
+           "phrase_passage_counts"]
 
 
 def fact_text(fact: Triple) -> str:
@@ -49,10 +43,16 @@ def fact_text(fact: Triple) -> str:
 
 @dataclass(frozen=True)
 class GraphElements:
-    """Nodes and counted relations extracted from OpenIE docs (no embeddings needed)."""
+    """Nodes and counted relations extracted from OpenIE docs (no embeddings needed).
+
+    Triple occurrences (T of them: every normalised triple of every passage, in passage then
+    OpenIE order, with multiplicity) are held as rows: passage p's occurrences are
+    occurrence_ptr[p] .. occurrence_ptr[p + 1], and occurrence_fact maps each to its fact row.
+    """
 
     phrases: list[str]  # [M] sorted unique normalised subjects/objects
-    facts: list[Triple]  # [F] unique normalised triples, sorted
+    predicates: list[str]  # [R] sorted unique normalised predicates
+    facts: FactTable  # [F] unique normalised triples, sorted (rows of spo, built on access)
     fact_phrases: np.ndarray  # [F, 2] int64 phrase rows of (subject, object)
     fact_pair_src: np.ndarray  # [E_f] ordered phrase pairs (self pairs included, as upstream keys)
     fact_pair_dst: np.ndarray  # [E_f]
@@ -60,54 +60,88 @@ class GraphElements:
     passage_phrase_passage: np.ndarray  # [E_p] passage rows (0..P-1)
     passage_phrase_phrase: np.ndarray  # [E_p] phrase rows; unique (passage, phrase) pairs
     num_passages: int
+    occurrence_ptr: np.ndarray  # [P + 1] int64
+    occurrence_fact: np.ndarray  # [T] int64 fact row of each triple occurrence
 
 
-def extract_elements(docs: Sequence[OpenIEDoc]) -> GraphElements:
-    """Normalise every triple and collect phrases, facts, fact-pair counts and passage links."""
-    per_doc: list[list[Triple]] = []
-    phrase_set: set[str] = set()
-    fact_set: set[Triple] = set()
-    for doc in docs:
-        triples = [(normalize_text(s), normalize_text(p), normalize_text(o))
-                   for s, p, o in doc.triples]
-        per_doc.append(triples)
-        for t in triples:
-            phrase_set.add(t[0])
-            phrase_set.add(t[2])
-            fact_set.add(t)
-    phrases = sorted(phrase_set)
-    row = {p: i for i, p in enumerate(phrases)}
-    facts = sorted(fact_set)
-    fact_phrases = np.array([[row[s], row[o]] for s, _, o in facts], dtype=np.int64).reshape(-1, 2)
+def _codes(values: list[str]) -> tuple[list[str], np.ndarray]:
+    """Sorted unique strings and each value's row in them: (uniq [U], rows [n] int64).
 
-    subj, obj, pas = [], [], []
-    for d, triples in enumerate(per_doc):
-        for s, _, o in triples:
-            subj.append(row[s])
-            obj.append(row[o])
-            pas.append(d)
-    subj_a = np.asarray(subj, dtype=np.int64)
-    obj_a = np.asarray(obj, dtype=np.int64)
-    pas_a = np.asarray(pas, dtype=np.int64)
-    m = len(phrases)
+    Two C-level passes over the values (dict.fromkeys, then a dict lookup per value through
+    map); the sort is over the U unique strings only.
+    """
+    uniq = sorted(dict.fromkeys(values))
+    row = {v: i for i, v in enumerate(uniq)}
+    return uniq, np.fromiter(map(row.__getitem__, values), dtype=np.int64, count=len(values))
+
+
+def extract_elements(docs: Sequence[OpenIEDoc] | Sequence[Sequence[Triple]], *,
+                     normalized: bool = False, show_progress: bool = False) -> GraphElements:
+    """Collect phrases, facts, fact-pair counts and passage links, vectorised over triples.
+
+    Args:
+        docs: one OpenIEDoc per passage, or per passage its triples.
+        normalized: the triples are already normalised (normalize_text is idempotent, so this
+            only skips work).
+
+    Phrase and predicate strings are interned once each (`_codes`); everything after is integer
+    array work: a fact is the int triple (s, p, o) of sorted-string ranks, so sorting the ints
+    sorts the facts as tuples of strings (upstream's `sorted(set(facts))`).
+    """
+    per_doc = [d.triples if isinstance(d, OpenIEDoc) else d for d in docs]
+    p = len(per_doc)
+    lengths = np.fromiter((len(t) for t in per_doc), dtype=np.int64, count=p)
+    occ_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    norm = (lambda s: s) if normalized else normalize_text
+    subj: list[str] = []
+    pred: list[str] = []
+    obj: list[str] = []
+    with progress(total=p, desc="graph elements", unit="passage",
+                  disable=not show_progress) as bar:
+        for start in range(0, p, 65536):
+            for triples in per_doc[start:start + 65536]:
+                for s, rel, o in triples:
+                    subj.append(norm(s))
+                    pred.append(norm(rel))
+                    obj.append(norm(o))
+            bar.update(min(65536, p - start))
+    n_occ = len(subj)
+    phrases, rows = _codes(subj + obj)
+    del subj, obj
+    subj_a, obj_a = rows[:n_occ], rows[n_occ:]
+    predicates, pred_a = _codes(pred)
+    del pred
+    m, r = len(phrases), len(predicates)
+    mm, rr = max(m, 1), max(r, 1)
+
+    # facts: unique (s, p, o) in lexicographic order, in two int64 steps (no overflow:
+    # s·R + p < M·R and sp·M + o < T·M)
+    sp_uniq, sp_inv = np.unique(subj_a * rr + pred_a, return_inverse=True)
+    fact_key, occ_fact = np.unique(sp_inv * mm + obj_a, return_inverse=True)
+    sp = sp_uniq[fact_key // mm]
+    spo = np.stack([sp // rr, sp % rr, fact_key % mm], axis=1).astype(np.int64).reshape(-1, 3)
 
     # fact pairs: both orientations of every triple occurrence, counted
     src = np.concatenate([subj_a, obj_a])
     dst = np.concatenate([obj_a, subj_a])
-    pair_keys, counts = np.unique(src * m + dst, return_counts=True)
+    pair_keys, counts = np.unique(src * mm + dst, return_counts=True)
 
     # passage -> phrase: unique (passage, phrase) over subjects and objects
-    inc = np.unique(np.concatenate([pas_a, pas_a]) * max(m, 1) + np.concatenate([subj_a, obj_a]))
+    pas_a = np.repeat(np.arange(p, dtype=np.int64), lengths)
+    inc = np.unique(np.concatenate([pas_a, pas_a]) * mm + np.concatenate([subj_a, obj_a]))
     return GraphElements(
         phrases=phrases,
-        facts=facts,
-        fact_phrases=fact_phrases,
-        fact_pair_src=pair_keys // max(m, 1),
-        fact_pair_dst=pair_keys % max(m, 1),
+        predicates=predicates,
+        facts=FactTable(phrases, predicates, spo),
+        fact_phrases=np.ascontiguousarray(spo[:, [0, 2]]),
+        fact_pair_src=pair_keys // mm,
+        fact_pair_dst=pair_keys % mm,
         fact_pair_count=counts.astype(np.float64),
-        passage_phrase_passage=inc // max(m, 1),
-        passage_phrase_phrase=inc % max(m, 1),
-        num_passages=len(docs),
+        passage_phrase_passage=inc // mm,
+        passage_phrase_phrase=inc % mm,
+        num_passages=p,
+        occurrence_ptr=occ_ptr,
+        occurrence_fact=occ_fact.astype(np.int64).reshape(-1),
     )
 
 

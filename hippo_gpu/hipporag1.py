@@ -44,10 +44,13 @@ object (a fact whose subject is its object counts once). minmax(y) = (y - min) /
 A query without entities scores 1/P everywhere (v1's uniform `ppr_doc_prob`), not the dense
 ranking. Rankings are by score descending, ties by the lower passage row.
 
-Batching. One GEMM links all entities of all queries; the reset vectors of the queries that
-have entities form one [M, Q'] matrix and one PPR solve serves them all; (2) is one sparse
-[P, M] x [M, Q'] product. The graph, B and the specificities are built once per Searcher from
-stored data (the fact counts are solved from the adjacency, the synonyms are stored).
+Batching. One GEMM links all entities of all queries (in blocks of phrase rows when [E, M]
+outgrows RetrievalConfig.chunk_bytes); the reset vectors of the queries that have entities form
+one [M, Q'] matrix and one PPR solve serves them all; (2) is one sparse [P, M] x [M, Q']
+product. hippo_gpu.search calls `passage_scores` once per chunk of queries, so [M, Q'] and
+[Q', P] stay within the chunk budget; a query's scores do not depend on its chunk. The graph, B
+and the specificities are built once per Searcher from stored data (the fact counts are solved
+from the adjacency, the synonyms are stored).
 
 Relation to legacy code, and what differs (each unavoidable from an index, or chosen):
   * Encoder: linking and synonym kNN use the index's encoder (default all-MiniLM-L6-v2), not
@@ -96,6 +99,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hippo_gpu.blockwise import nearest_rows
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import OpenIEDoc
 from hippo_gpu.graph import normalize_text
@@ -355,13 +359,15 @@ def flatten_entities(query_entities: Sequence[Sequence[str]]) -> tuple[list[str]
     return texts, owner
 
 
-def link_entities(entity_emb: Tensor, phrase_emb: Tensor) -> Tensor:
+def link_entities(entity_emb: Tensor, phrase_emb: Tensor,
+                  block_rows: int | None = None) -> Tensor:
     """[E, D] entity vectors x [M, D] phrase vectors -> [E] int64 nearest phrase rows.
 
     argmax of the cosine (rows are L2-normalised), the first maximum on ties (as np.argmax).
+    `block_rows` phrase rows at a time (default all): never more than [E, block_rows] scores
+    (hippo_gpu.blockwise.nearest_rows; the same rows for any blocking).
     """
-    cos = entity_emb.to(phrase_emb.device, phrase_emb.dtype) @ phrase_emb.T  # [E, M]
-    return cos.argmax(dim=1)
+    return nearest_rows(entity_emb, phrase_emb, block_rows)
 
 
 def _minmax_rows(x: Tensor) -> Tensor:

@@ -8,18 +8,26 @@ An `Index` holds what indexing produced and nothing else: no encoder, no solver,
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hippo_gpu.config import IndexConfig
-from hippo_gpu.data import Triple
+from hippo_gpu.data import FactTable, PassageTriples, StringTable, Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
-from hippo_gpu.store import IndexFormatError, read_index_dir, write_version, writer_lock
+from hippo_gpu.store import (
+    FORMAT_VERSION,
+    IndexFormatError,
+    read_index_dir,
+    write_version,
+    writer_lock,
+)
 
 __all__ = ["Index", "IndexFormatError", "__version__", "load_index"]
 
@@ -46,16 +54,22 @@ class Index:
     `precision` is the dtype of the device-resident embeddings, hence of every cosine computed
     from them: "float32" (the default on every device) unless "float16" or "bfloat16" is asked
     for (load_index / build_index / to). The files on disk always hold float32.
+
+    Text fields are sequences (len, indexing, slicing, iteration, == with a list): lists after
+    a build; after `load_index`, tables read from memory-mapped files on access (a passage text
+    is decoded when it is read, never at load). `facts` builds a triple from integer rows
+    (FactTable) and `passage_triples` from the per-passage fact rows, so neither holds a Python
+    object per fact.
     """
 
     config: IndexConfig
     adjacency: torch.Tensor
     passage_nodes: torch.Tensor
-    passage_keys: list[str]
-    passage_titles: list[str]
-    passage_texts: list[str]  # title + "\n" + text, the text that was indexed
-    phrases: list[str]
-    facts: list[Triple]
+    passage_keys: Sequence[str]
+    passage_titles: Sequence[str]
+    passage_texts: Sequence[str]  # title + "\n" + text, the text that was indexed
+    phrases: Sequence[str]
+    facts: Sequence[Triple]
     fact_phrases: torch.Tensor
     phrase_passage_counts: torch.Tensor
     incidence_phrase: torch.Tensor
@@ -66,7 +80,7 @@ class Index:
     counts: dict[str, int]
     report: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    passage_triples: list[list[Triple]] = field(default_factory=list)
+    passage_triples: Sequence[list[Triple]] = field(default_factory=list)
     passage_malformed: list[dict[str, int]] = field(default_factory=list)
     passage_error: list[bool] = field(default_factory=list)
     synonym_src: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
@@ -75,6 +89,7 @@ class Index:
     path: Path | None = None
     version: int | None = None  # the committed version this was loaded from (None: unsaved)
     precision: str = "float32"
+    predicates: Sequence[str] = field(default_factory=list)  # [R] when facts is a FactTable
 
     @property
     def phrase_keys(self) -> list[str]:
@@ -152,8 +167,17 @@ class Index:
         return path
 
     def payload(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]],
-                               dict[str, dict[str, Any]]]:
-        """(manifest, tensor groups, tables): what store.write_version writes."""
+                               dict[str, dict[str, Any]], dict[str, Sequence[str]]]:
+        """(manifest, tensor groups, tables, string tables): what store.write_version writes.
+
+        Facts are stored as integer rows (fact_phrases + fact_predicate into `predicates`) and
+        passage triples as per-passage fact rows (passage_triple_ptr [P + 1],
+        passage_triple_fact [T]); texts as string tables (store.write_version), so loading
+        parses no text.
+        """
+        facts = self.facts if isinstance(self.facts, FactTable) else \
+            FactTable.from_triples(self.facts, self.phrases)
+        ptr, rows = _passage_triple_rows(self.passage_triples, facts)
         manifest = {
             "hippo_gpu_version": __version__,
             "config": self.config.as_dict(),
@@ -169,12 +193,16 @@ class Index:
                 "adjacency_val": self.adjacency.values(),
                 "passage_nodes": self.passage_nodes,
                 "fact_phrases": self.fact_phrases,
+                "fact_predicate": torch.from_numpy(np.ascontiguousarray(facts.spo[:, 1])),
                 "phrase_passage_counts": self.phrase_passage_counts,
                 "incidence_phrase": self.incidence_phrase,
                 "incidence_passage": self.incidence_passage,
                 "synonym_src": self.synonym_src,
                 "synonym_dst": self.synonym_dst,
                 "synonym_score": self.synonym_score.float(),
+                "passage_triple_ptr": torch.from_numpy(ptr),
+                "passage_triple_fact": torch.from_numpy(rows),
+                "passage_error": torch.tensor(list(self.passage_error), dtype=torch.uint8),
             },
             "embeddings": {
                 "passage": self.passage_emb.float(),
@@ -182,19 +210,30 @@ class Index:
                 "fact": self.fact_emb.float(),
             },
         }
-        tables = {
-            "tables": {
-                "passage_keys": self.passage_keys,
-                "passage_titles": self.passage_titles,
-                "passage_texts": self.passage_texts,
-                "phrases": self.phrases,
-                "facts": [list(f) for f in self.facts],
-                "passage_triples": [[list(t) for t in ts] for ts in self.passage_triples],
-                "passage_malformed": self.passage_malformed,
-                "passage_error": self.passage_error,
-            }
-        }
-        return manifest, tensors, tables
+        tables = {"tables": {"passage_malformed": {str(i): m for i, m in
+                                                   enumerate(self.passage_malformed) if m}}}
+        strings = {"passage_keys": self.passage_keys, "passage_titles": self.passage_titles,
+                   "passage_texts": self.passage_texts, "phrases": self.phrases,
+                   "predicates": facts.predicates}
+        return manifest, tensors, tables, strings
+
+
+def _passage_triple_rows(passage_triples: Sequence[list[Triple]],
+                         facts: FactTable) -> tuple[np.ndarray, np.ndarray]:
+    """([P + 1] ptr, [T] fact rows) of per-passage triples (taken as they are when already
+    rows over these facts)."""
+    if isinstance(passage_triples, PassageTriples) and passage_triples.facts is facts:
+        return (np.ascontiguousarray(passage_triples.ptr, dtype=np.int64),
+                np.ascontiguousarray(passage_triples.rows, dtype=np.int64))
+    row = {f: j for j, f in enumerate(facts)}
+    lengths = np.fromiter((len(ts) for ts in passage_triples), dtype=np.int64,
+                          count=len(passage_triples))
+    try:
+        rows = np.fromiter((row[tuple(t)] for ts in passage_triples for t in ts),  # type: ignore
+                           dtype=np.int64, count=int(lengths.sum()))
+    except KeyError as e:
+        raise ValueError(f"passage triple {e.args[0]!r} is not one of the index's facts") from e
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), rows
 
 
 def load_index(
@@ -219,7 +258,7 @@ def load_index(
         config = IndexConfig.from_dict(manifest["config"])
         g = tensors["graph"]
         e = tensors["embeddings"]
-        t = tables["tables"]
+        t = {**tables["tables"], **{k: v for k, v in tables.items() if k != "tables"}}
     except (KeyError, TypeError) as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
     if encoder is not None and encoder != config.encoder.model:
@@ -232,9 +271,16 @@ def load_index(
                                f"manifest says {dim}")
     n = int(g["adjacency_crow"].numel() - 1)
     adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
-    phrases = t["phrases"]
-    facts = [tuple(f) for f in t["facts"]]
     try:
+        phrases, predicates = t["phrases"], t["predicates"]
+        fact_phrases = g["fact_phrases"]
+        spo = np.stack([fact_phrases[:, 0].numpy(), g["fact_predicate"].numpy(),
+                        fact_phrases[:, 1].numpy()], axis=1).reshape(-1, 3)
+        facts = FactTable(phrases, predicates, spo)
+        p = len(t["passage_keys"])
+        malformed: list[dict[str, int]] = [{} for _ in range(p)]
+        for row, m in t["passage_malformed"].items():
+            malformed[int(row)] = m
         index = Index(
             config=config,
             adjacency=adjacency,
@@ -243,8 +289,9 @@ def load_index(
             passage_titles=t["passage_titles"],
             passage_texts=t["passage_texts"],
             phrases=phrases,
-            facts=facts,  # type: ignore[arg-type]
-            fact_phrases=g["fact_phrases"],
+            predicates=predicates,
+            facts=facts,
+            fact_phrases=fact_phrases,
             phrase_passage_counts=g["phrase_passage_counts"],
             incidence_phrase=g["incidence_phrase"],
             incidence_passage=g["incidence_passage"],
@@ -254,10 +301,10 @@ def load_index(
             counts=manifest.get("counts", {}),
             report=manifest.get("openie_report", {}),
             timings=manifest.get("build_seconds", {}),
-            passage_triples=[[tuple(x) for x in ts]  # type: ignore[misc]
-                             for ts in t["passage_triples"]],
-            passage_malformed=t["passage_malformed"],
-            passage_error=t["passage_error"],
+            passage_triples=PassageTriples(facts, g["passage_triple_ptr"].numpy(),
+                                           g["passage_triple_fact"].numpy()),
+            passage_malformed=malformed,
+            passage_error=[bool(x) for x in g["passage_error"].tolist()],
             synonym_src=g["synonym_src"],
             synonym_dst=g["synonym_dst"],
             synonym_score=g["synonym_score"],
@@ -266,6 +313,9 @@ def load_index(
         )
     except KeyError as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
+    if not isinstance(t["passage_texts"], StringTable) or \
+            manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(f"{path}: passage texts are not a string table")
     precision_dtype(precision)  # validate before moving anything
     dev = resolve_device(device)
     return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index

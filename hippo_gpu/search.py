@@ -8,6 +8,15 @@ queries x facts and one for queries x passages, `torch.topk` for candidate facts
 seed weights, one batched PPR solve, `torch.topk` for the ranking. No Python loop over nodes,
 passages or queries in the hot path.
 
+Memory (issue 13). Nothing of size Q x F or Q x N outgrows `RetrievalConfig.chunk_bytes`
+(`plan_chunks` sizes the chunks): fact scores are taken in blocks of fact rows with a running
+exact top-k (`fact_topk`); passage scores, seeds, PPR, fusion and the final top-k run per chunk
+of query columns, each chunk seeing only its [c, P] scores and [N, c] seeds. Chunks change no
+result: each query's numbers come from the same float operations in the same order whatever
+its chunk (hippo_gpu.blockwise: padded GEMM panels, aligned row blocks; the PPR kernel solves
+each column alone), tested bit for bit against one chunk in tests/test_chunked_search.py.
+An index that fits the budget runs as one chunk.
+
 Modes:
     hipporag2  official HippoRAG 2 (main@c617143) retrieval, step by step (parity mode)
     dense      DPR with the index's encoder
@@ -30,6 +39,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu import hipporag1
+from hippo_gpu.blockwise import block_rows, nearest_rows, scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
 from hippo_gpu.embed import Encoder
@@ -39,12 +49,15 @@ from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.store import IndexFormatError
 
 __all__ = [
+    "ChunkPlan",
     "FactFilter",
     "FilterResult",
     "Hit",
     "Ranking",
     "Searcher",
+    "fact_topk",
     "minmax_rows",
+    "plan_chunks",
     "ranks_of",
     "reset_vectors",
     "topk_stable",
@@ -89,8 +102,11 @@ class Ranking:
 
 def minmax_rows(x: Tensor) -> Tensor:
     """Row-wise (x - min) / (max - min); a row with zero range becomes all ones (as upstream)."""
-    lo = x.min(dim=1, keepdim=True).values
-    hi = x.max(dim=1, keepdim=True).values
+    return _scale_rows(x, x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values)
+
+
+def _scale_rows(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """(x - lo) / (hi - lo) per row with given [Q, 1] bounds (minmax_rows' float operations)."""
     rng = hi - lo
     scaled = (x - lo) / torch.where(rng > 0, rng, torch.ones_like(rng))
     return torch.where(rng > 0, scaled, torch.ones_like(x))
@@ -130,6 +146,94 @@ def ranks_of(scores: Tensor) -> Tensor:
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
     return ranks
+
+
+# Working-set bytes per element, as the code below allocates them (estimates; the budget is
+# approximate by design, benchmarks/bench_query_memory.py measures the real peak).
+FACT_BYTES = 48  # per (query, fact) of a fact block: raw and normalised scores, top-k masks
+PASSAGE_BYTES = 32  # per (query, passage) of a chunk: cosine, min-max, fusion ranks (24 measured)
+NODE_VECTORS = 5  # [N] vectors per query column: seeds, their permuted copy, the kernel's three
+LANES = 8  # query columns are taken in multiples of this where the budget allows: the CPU
+# kernel solves 8 float32 (4 float64) columns per SIMD pass, so a 2-column chunk costs the same
+# sweep as an 8-column one
+LINK_BYTES = 8  # per (entity, phrase) of a linking block
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How one batch is cut to fit `RetrievalConfig.chunk_bytes` (see `plan_chunks`)."""
+
+    query_cols: int  # queries per chunk of passage scores, seeds, PPR, fusion and top-k
+    fact_rows: int  # fact-embedding rows per block of the fact top-k
+    phrase_rows: int  # phrase-embedding rows per block of entity linking
+
+
+def plan_chunks(index: Index, num_queries: int, cfg: RetrievalConfig,
+                num_entities: int = 0) -> ChunkPlan:
+    """Chunk sizes for a batch of `num_queries` queries (and entities) within cfg.chunk_bytes.
+
+    A query column costs about NODE_VECTORS x itemsize x N (seeds and PPR state) plus
+    PASSAGE_BYTES x P (scores, ranks) bytes, so c = budget / that (at least 1, at most Q); a
+    fact row costs FACT_BYTES x Q, a phrase row LINK_BYTES x E (blockwise.block_rows: all rows
+    when they fit, else aligned blocks). Everything fits at once on small indexes: one chunk.
+    """
+    budget = cfg.chunk_bytes
+    itemsize = 8 if cfg.dtype == "float64" else 4
+    per_col = NODE_VECTORS * itemsize * index.num_nodes + PASSAGE_BYTES * len(index.passage_keys)
+    cols = max(1, min(num_queries, budget // max(per_col, 1)))
+    if LANES <= cols < num_queries:
+        cols -= cols % LANES
+    return ChunkPlan(
+        query_cols=cols,
+        fact_rows=block_rows(len(index.facts), FACT_BYTES * max(num_queries, 1), budget),
+        phrase_rows=block_rows(len(index.phrases), LINK_BYTES * max(num_entities, 1), budget),
+    )
+
+
+def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
+              rows_per_block: int | None = None) -> tuple[Tensor, Tensor]:
+    """The k best facts per query by min-max normalised cosine, ties by the lower fact row.
+
+    s[q, f] = minmax_f(e_q · v_f) over all F facts; returns ([Q, K] float32 scores s, [Q, K]
+    int64 fact rows), exactly `topk_stable(minmax_rows(E Vᵀ), k)`. With rows_per_block < F it
+    never holds more than [Q, rows_per_block] scores: a first pass over the fact blocks takes
+    each query's min and max, a second scales each block with them (minmax_rows' own float
+    operations, so the same values) and merges its top-k into a running top-k. The merge keeps
+    the tie order: the running top-k comes first in the concatenation, holds only lower rows
+    than the block and is sorted by (score desc, row asc), so topk_stable's "lower column among
+    ties" is the lower row. Costs one more pass of the fact GEMM than one block does.
+
+    Args:
+        query_emb: [Q, D] L2-normalised query vectors.
+        fact_emb: [F, D] fact vectors (F >= 1; the index's dtype: scores are in it until
+            normalised, as in the one-block path).
+    """
+    f = fact_emb.shape[0]
+    size = f if rows_per_block is None else max(1, min(rows_per_block, f))
+    if size >= f:
+        return topk_stable(minmax_rows(scores_against(query_emb, fact_emb)).float(), k)
+    (a0, b0), *rest = spans(f, size)
+    raw = scores_against(query_emb, fact_emb[a0:b0])  # [Q, rows] in the index dtype
+    lo = raw.min(dim=1, keepdim=True).values
+    hi = raw.max(dim=1, keepdim=True).values
+    for a, b in rest:  # pass 1: per-query min and max over all facts (exact in any order)
+        raw = scores_against(query_emb, fact_emb[a:b])
+        lo = torch.minimum(lo, raw.min(dim=1, keepdim=True).values)
+        hi = torch.maximum(hi, raw.max(dim=1, keepdim=True).values)
+    del raw
+    best_val, best_row = topk_stable(
+        _scale_rows(scores_against(query_emb, fact_emb[a0:b0]), lo, hi).float(), k)
+    for a, b in rest:  # pass 2: scale with the global bounds, merge into the running top-k
+        scaled = _scale_rows(scores_against(query_emb, fact_emb[a:b]), lo, hi).float()
+        val, row = topk_stable(scaled, k)
+        best_val, pos = topk_stable(torch.cat([best_val, val], dim=1), k)
+        best_row = torch.cat([best_row, row + a], dim=1).gather(1, pos)
+    return best_val, best_row
+
+
+def _cat_topk(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Concatenate per-chunk (scores [c, K], rows [c, K]) along the queries."""
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def _segment_mean(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:
@@ -308,6 +412,7 @@ class Searcher:
         self._cache_dir = cache_dir
         self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
         self._hipporag1: hipporag1.V1Graph | None = None  # v1 graph, built on first use
+        self._incidences: dict[torch.dtype, Tensor] = {}  # passage-phrase incidence per dtype
         self._uncased: bool | None = None
 
     @property
@@ -485,24 +590,24 @@ class Searcher:
 
         e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
         clock.lap("encode")
+        plan = plan_chunks(index, q, cfg)
+        chunks = spans(q, plan.query_cols)
 
-        cos = (e_pass.to(index.passage_emb.dtype) @ index.passage_emb.T).float()  # [Q, P]
-        dense = minmax_rows(cos)
-        clock.lap("dense")
-        if mode == "dense":
-            scores, rows = topk_stable(dense, top_k)
-            clock.lap("rank")
+        f = len(index.facts)
+        if mode == "dense" or f == 0:  # no facts at all: upstream answers with the dense ranking
+            parts = []
+            for a, b in chunks:
+                dense = minmax_rows(self._passage_cos(e_pass[a:b]))  # [c, P]
+                clock.lap("dense")
+                parts.append(topk_stable(dense, top_k))
+                clock.lap("rank")
+            scores, rows = _cat_topk(parts)
             return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
 
         hybrid = mode == "hybrid"
         link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-        f = len(index.facts)
-        if f == 0:  # no facts at all: upstream answers with the dense ranking
-            scores, rows = topk_stable(dense, top_k)
-            return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
-        # [Q, F] min-max normalised query-fact cosine
-        fact_scores = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).float()
-        cand_scores, cand_rows = topk_stable(fact_scores, link_k)  # [Q, L]
+        # [Q, L] best facts by min-max normalised query-fact cosine, fact blocks within budget
+        cand_scores, cand_rows = fact_topk(e_fact, index.fact_emb, link_k, plan.fact_rows)
         clock.lap("facts")
 
         kept = torch.ones_like(cand_rows, dtype=torch.bool)
@@ -513,48 +618,63 @@ class Searcher:
             clock.lap("filter")
         fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
 
-        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        seeds = reset_vectors(self.index, cand_rows, cand_scores, kept, cos, cfg, hybrid=hybrid,
-                              dtype=dtype)  # [N, Q]
-        seeds[:, fallback] = 1.0  # placeholder reset for fallback columns; their PPR is discarded
-        clock.lap("seeds")
-
-        ppr = self._solver(cfg)(seeds).T  # [Q, P] raw PPR probabilities at passage nodes
-        clock.lap("ppr")
-
-        if hybrid:
-            final = self._hybrid_fusion(queries, query_entities, ppr.float(), cos, cfg)
+        linked = None  # hybrid: every entity of the batch linked once, ranked per chunk below
+        if hybrid and cfg.hybrid_entity_weight > 0:
+            if query_entities is None:
+                query_entities = heuristic_entities(queries)
+            _check_entities(queries, query_entities)
+            linked = self._link_entities(query_entities, cfg)
             clock.lap("entities")
-        else:
-            final = ppr.to(dense.dtype) if dtype == torch.float32 else ppr
-        final = torch.where(fallback.unsqueeze(1), dense.to(final.dtype), final)
-        scores, rows = topk_stable(final, top_k)
-        clock.lap("rank")
+
+        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        parts = []
+        for a, b in chunks:  # query columns a..b-1: [c, P] scores, [N, c] seeds
+            cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
+            clock.lap("dense")
+            seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos, cfg,
+                                  hybrid=hybrid, dtype=dtype)  # [N, c]
+            seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; PPR discarded
+            clock.lap("seeds")
+            ppr = self._solver(cfg)(seeds).T  # [c, P] raw PPR probabilities at passage nodes
+            del seeds
+            clock.lap("ppr")
+            if hybrid:
+                entity = None if linked is None else self._entity_doc(*linked, a, b, cfg)
+                final = self._hybrid_fusion(ppr.float(), cos, cfg, entity)
+                clock.lap("entities")
+            else:
+                final = ppr.float() if dtype == torch.float32 else ppr
+            del ppr
+            dense = minmax_rows(cos).to(final.dtype)
+            final = torch.where(fallback[a:b].unsqueeze(1), dense, final)
+            parts.append(topk_stable(final, top_k))
+            clock.lap("rank")
+        scores, rows = _cat_topk(parts)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
 
-    def _hybrid_fusion(self, queries: list[str],
-                       query_entities: Sequence[Sequence[str]] | None, ppr: Tensor, cos: Tensor,
-                       cfg: RetrievalConfig) -> Tensor:
-        """Weighted reciprocal-rank fusion of three rankings of the passages ([Q, P] each):
+    def _passage_cos(self, query_emb: Tensor) -> Tensor:
+        """[c, D] query vectors -> [c, P] float32 query-passage cosine (blockwise GEMM)."""
+        return scores_against(query_emb, self.index.passage_emb).float()
+
+    def _hybrid_fusion(self, ppr: Tensor, cos: Tensor, cfg: RetrievalConfig,
+                       entity: tuple[Tensor, Tensor] | None) -> Tensor:
+        """Weighted reciprocal-rank fusion of three rankings of the passages ([c, P] each):
 
             score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
                     + e / (k + rank_entity)
 
         with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
-        entity ranking is HippoRAG 1's (entity_scores) from `query_entities`, or from capitalised
-        spans of the query when none are given; passages it scores 0 rank last, and a query with no
-        entity uses its dense ranking there.
+        entity ranking is HippoRAG 1's (`entity_scores`; `entity` = its (scores, has_entities)
+        for these queries, None when e = 0); passages it scores 0 rank last, and a query with
+        no entity uses its dense ranking there.
         """
         w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
         # float64 fusion of exact integer ranks: no rounding collapses two ranks for any P
         rank_dense = ranks_of(cos).double()
         final = (1 - e) * w / (k + ranks_of(ppr).double()) + (1 - e) * (1 - w) / (k + rank_dense)
-        if e > 0:
-            if query_entities is None:
-                query_entities = heuristic_entities(queries)
-            _check_entities(queries, query_entities)
-            doc, has_ent = self.entity_scores(query_entities, cfg)
+        if e > 0 and entity is not None:
+            doc, has_ent = entity
             rank_ent = ranks_of(doc).masked_fill(doc <= 0, doc.shape[1]).double()
             rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
             final = final + e / (k + rank_ent)
@@ -581,43 +701,76 @@ class Searcher:
         weights a phrase by the facts of the passage that name it), min-max normalised per
         query. Legacy v1 itself is mode "hipporag1" (hippo_gpu.hipporag1).
 
+        Retrieval calls the two halves, linking (once per batch) and scoring (per chunk of
+        queries), separately; this is the whole batch at once.
+
         Returns:
             scores: [Q, P] float32 (rows of queries without entities are zero).
             has_entities: [Q] bool.
         """
+        linked = self._link_entities(query_entities, cfg)
+        return self._entity_doc(*linked, 0, len(query_entities), cfg)
+
+    def _link_entities(self, query_entities: Sequence[Sequence[str]],
+                       cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+        """(phrase row [E], query row [E]) of every entity of a batch (see `entity_scores`)."""
         index = self.index
         dev = index.device
-        q, m, p = len(query_entities), len(index.phrases), len(index.passage_keys)
         owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
         flat = [e for ents in query_entities for e in ents]
-        has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
-        if not flat or m == 0:
-            return torch.zeros((q, p), device=dev), has_ent
+        if not flat or len(index.phrases) == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=dev)
+            return empty, empty
         # Linking: with an encoder verified uncased, an entity whose lower-cased text is a phrase
         # links to it without encoding (its vector is the phrase's: exactly the cosine argmax);
-        # every other entity goes to the nearest phrase by cosine.
+        # every other entity goes to the nearest phrase by cosine, in blocks of phrase rows.
         row_of = index.row_of_phrase if self.encoder_is_uncased else {}
         exact = [row_of.get(e.lower(), -1) for e in flat]
         todo = [i for i, r in enumerate(exact) if r < 0]
         nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
         if todo:
-            e_ent = self.encoder.encode([flat[i] for i in todo]).to(dev, index.phrase_emb.dtype)
-            nearest[torch.tensor(todo, device=dev)] = (e_ent @ index.phrase_emb.T).argmax(dim=1)
-        own = torch.tensor(owner, dtype=torch.int64, device=dev)
+            e_ent = self.encoder.encode([flat[i] for i in todo])
+            rows = plan_chunks(index, 0, cfg, num_entities=len(todo)).phrase_rows
+            nearest[torch.tensor(todo, device=dev)] = nearest_rows(e_ent, index.phrase_emb, rows)
+        return nearest, torch.tensor(owner, dtype=torch.int64, device=dev)
+
+    def _entity_doc(self, nearest: Tensor, owner: Tensor, start: int, stop: int,
+                    cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+        """`entity_scores` of queries start..stop-1 from the linked entities of the batch.
+
+        Returns ([c, P] float32 scores, [c] has_entities), c = stop - start.
+        """
+        index = self.index
+        dev = index.device
+        q, m, p = stop - start, len(index.phrases), len(index.passage_keys)
+        mine = (owner >= start) & (owner < stop)
+        nearest, own = nearest[mine], owner[mine] - start
+        has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
+        if nearest.numel() == 0 or m == 0:
+            return torch.zeros((q, p), device=dev), has_ent
         weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, Q]
+        seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, c]
         seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
         has_ent[own] = True
         seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
-        ppr = self._solver(cfg, phrase_graph=True)(seeds)  # [M, Q]
-        inc = torch.sparse_coo_tensor(
-            torch.stack([index.incidence_passage, index.incidence_phrase]),
-            torch.ones(index.incidence_phrase.numel(), dtype=ppr.dtype, device=dev), (p, m),
-            check_invariants=False,
-        ).to_sparse_csr()
-        doc = minmax_rows((inc @ ppr).T.float())  # [Q, P]
+        ppr = self._solver(cfg, phrase_graph=True)(seeds)  # [M, c]
+        del seeds
+        doc = minmax_rows((self._incidence(ppr.dtype) @ ppr).T.float())  # [c, P]
         return doc * has_ent.unsqueeze(1), has_ent
+
+    def _incidence(self, dtype: torch.dtype) -> Tensor:
+        """[P, M] binary passage-phrase incidence as sparse CSR (built once per dtype)."""
+        inc = self._incidences.get(dtype)
+        if inc is None:
+            index = self.index
+            inc = torch.sparse_coo_tensor(
+                torch.stack([index.incidence_passage, index.incidence_phrase]),
+                torch.ones(index.incidence_phrase.numel(), dtype=dtype, device=index.device),
+                (len(index.passage_keys), len(index.phrases)), check_invariants=False,
+            ).to_sparse_csr()
+            self._incidences[dtype] = inc
+        return inc
 
     def _rank_hipporag1(self, queries: list[str],
                         query_entities: Sequence[Sequence[str]] | None, top_k: int,
@@ -637,19 +790,25 @@ class Searcher:
             self._hipporag1 = hipporag1.build_v1_graph(index)
             clock.lap("graph")
         texts, owner = hipporag1.flatten_entities(query_entities)
+        plan = plan_chunks(index, len(queries), cfg, num_entities=len(texts))
         rows = torch.zeros(0, dtype=torch.int64, device=dev)
         if texts and index.phrases:
-            rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb)
+            rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb,
+                                           plan.phrase_rows)
         clock.lap("link")
         key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol)
         if key not in self._solvers:
             self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
-        scores, _ = hipporag1.passage_scores(
-            self._hipporag1, self._solvers[key], rows,
-            torch.tensor(owner, dtype=torch.int64, device=dev), len(queries))  # [Q, P]
-        clock.lap("ppr")
-        top_scores, top_rows = topk_stable(scores, top_k)
-        clock.lap("rank")
+        own = torch.tensor(owner, dtype=torch.int64, device=dev)
+        parts = []
+        for a, b in spans(len(queries), plan.query_cols):  # [M, c] seeds, [c, P] scores
+            mine = (own >= a) & (own < b)
+            scores, _ = hipporag1.passage_scores(
+                self._hipporag1, self._solvers[key], rows[mine], own[mine] - a, b - a)
+            clock.lap("ppr")
+            parts.append(topk_stable(scores, top_k))
+            clock.lap("rank")
+        top_scores, top_rows = _cat_topk(parts)
         return Ranking(top_rows, top_scores, clock.seconds,
                        torch.zeros(len(queries), dtype=torch.bool, device=dev))
 
@@ -660,8 +819,8 @@ class Searcher:
         cfg = config or self.config
         queries = _check_queries(queries)
         e, e_fact = self.encode_queries(queries)
-        cos = (e.to(index.passage_emb.dtype) @ index.passage_emb.T).double()
-        fs = minmax_rows(e_fact.to(index.fact_emb.dtype) @ index.fact_emb.T).double()
-        cs, cr = topk_stable(fs, cfg.linking_top_k)
+        cos = scores_against(e, index.passage_emb).double()  # [Q, P]: the output is [N, Q]
+        plan = plan_chunks(index, len(queries), cfg)
+        cs, cr = fact_topk(e_fact, index.fact_emb, cfg.linking_top_k, plan.fact_rows)
         kept = torch.ones_like(cr, dtype=torch.bool)
-        return reset_vectors(self.index, cr, cs, kept, cos, cfg, dtype=torch.float64)
+        return reset_vectors(self.index, cr, cs.double(), kept, cos, cfg, dtype=torch.float64)

@@ -5,7 +5,16 @@ Layout of an index directory DIR:
     DIR/manifest.json     the commit point: names the current version, its files and their
                           sha256, the config, encoder identity and counts
     DIR/v000007/          one version's files: graph.safetensors, embeddings.safetensors,
-                          tables.json (and .readers, the readers' lock file)
+                          tables.json, one NAME.strings per string table (and .readers, the
+                          readers' lock file)
+
+Loading is lazy: safetensors files are memory-mapped (copy-on-write, so a tensor is writable
+in the reader's process without touching the file) and a `.strings` file (int64 n, int64
+offsets[n + 1], UTF-8 blob: data.StringTable) is memory-mapped and decoded row by row on
+access. A 1M-passage index therefore loads in the time of its checksums, and a passage text
+is decoded only when something reads it. Format version 3 (this one) added the string tables
+and the integer fact rows; version 2 directories are refused with the command that rebuilds
+them.
     DIR/.writer.lock      the single-writer lock (flock; the OS releases it if a writer dies)
 
 A commit writes a new version directory under a temporary name, fsyncs every file, renames it
@@ -29,15 +38,18 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from hippo_gpu.data import StringTable
+
 FORMAT = "hippo-gpu-index"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 WRITER_LOCK = ".writer.lock"
 READERS_LOCK = ".readers"
@@ -134,12 +146,14 @@ def write_version(
     manifest: dict[str, Any],
     tensors: dict[str, dict[str, torch.Tensor]],
     tables: dict[str, dict[str, Any]],
+    strings: dict[str, Sequence[str]] | None = None,
     *,
     on_step: Callable[[str], None] | None = None,
 ) -> Path:
     """Commit a new version of the index at `index_dir` (the caller holds the writer lock).
 
-    Writes `{name}.safetensors` per tensor group and `{name}.json` per table into a new version
+    Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
+    per string table (data.StringTable's file) into a new version
     directory, then makes it current by replacing manifest.json (see the module docstring).
     Refuses a non-empty directory that is not an index. Returns the index directory.
     """
@@ -163,13 +177,17 @@ def write_version(
         written: list[Path] = []
         for group, group_tensors in tensors.items():
             path = tmp / f"{group}.safetensors"
-            save_file({k: v.detach().cpu().contiguous() for k, v in group_tensors.items()},
-                      str(path))
+            save_safetensors_stream(group_tensors, path)
             written.append(path)
         for group, table in tables.items():
             path = tmp / f"{group}.json"
             with path.open("w", encoding="utf-8") as f:
                 json.dump(table, f, ensure_ascii=False)
+            written.append(path)
+        for name_, texts in (strings or {}).items():
+            path = tmp / f"{name_}.strings"
+            (texts if isinstance(texts, StringTable) else StringTable.from_strings(texts)) \
+                .write(path)
             written.append(path)
         (tmp / READERS_LOCK).touch()
         step("fsync_files")
@@ -245,7 +263,9 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise IndexFormatError(
             f"{path}: format version {version}, this hippo-gpu reads version {FORMAT_VERSION}; "
-            "rebuild the index")
+            f"rebuild the index from its corpus and OpenIE files: hippo-gpu index --corpus "
+            f"CORPUS.json --openie OPENIE.json --out {Path(index_dir)} (or build_index(...) in "
+            "Python)")
     return manifest
 
 
@@ -291,9 +311,79 @@ def _read_files(root: Path, manifest: dict[str, Any],
         key = Path(name).name
         try:
             if key.endswith(".safetensors"):
-                tensors[key.removesuffix(".safetensors")] = load_file(str(path))
+                tensors[key.removesuffix(".safetensors")] = load_safetensors_mmap(path)
             elif key.endswith(".json"):
                 tables[key.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
+            elif key.endswith(".strings"):
+                tables[key.removesuffix(".strings")] = StringTable.open(path)
         except Exception as e:  # noqa: BLE001 - re-raised with the file named
             raise IndexFormatError(f"{path}: unreadable ({e})") from e
     return tensors, tables
+
+
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+                       "U8": np.uint8, "BOOL": np.bool_}
+
+
+def load_safetensors_mmap(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors as copy-on-write memory maps (pages are read on first touch;
+    writing to a tensor copies the page privately and never changes the file).
+
+    Format: u64 header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, data.
+    Dtypes numpy cannot map (bfloat16) are read with safetensors' own loader.
+    """
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    if any(meta["dtype"] not in _SAFETENSORS_DTYPES for k, meta in header.items()
+           if k != "__metadata__"):
+        return load_file(str(path))
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        dtype = np.dtype(_SAFETENSORS_DTYPES[meta["dtype"]])
+        shape = tuple(meta["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if end - start != count * dtype.itemsize:
+            raise ValueError(f"tensor {name}: {end - start} bytes for shape {shape}")
+        if count == 0:
+            out[name] = torch.from_numpy(np.zeros(shape, dtype=dtype))
+            continue
+        arr = np.memmap(path, dtype=dtype, mode="c", offset=base + start, shape=shape)
+        out[name] = torch.from_numpy(arr)
+    return out
+
+
+_NUMPY_TO_SAFETENSORS = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
+
+
+def save_safetensors_stream(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write a safetensors file tensor by tensor (safetensors' save_file first builds every
+    tensor's bytes in memory: 4.8 GB more at 1M passages). Tensors in name order, each
+    8-byte aligned as the header is; dtypes numpy cannot hold (bfloat16) go through save_file.
+    """
+    arrays = {}
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+            return
+        arrays[name] = t.numpy()
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": _NUMPY_TO_SAFETENSORS[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for a in arrays.values():
+            if a.size:
+                a.reshape(-1).tofile(f)

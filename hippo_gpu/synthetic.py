@@ -1,4 +1,13 @@
-"""Seeded HippoRAG-2-shaped graphs and reset vectors for benchmarks (10k .. 1M passages).
+"""Seeded synthetic data at any size: corpora in the users' input formats, and HippoRAG-2-shaped
+graphs and reset vectors for the PPR benchmarks (10k .. 1M passages).
+
+Two generators live here. `synthetic_corpus` makes passages and OpenIE triples (what users bring
+to `hippo-gpu index`), matching musique_train's statistics, so the whole build pipeline can be
+measured at any size; `corpus_statistics` measures those statistics on any OpenIE docs, so a
+benchmark prints generated next to real. `synthetic_graph` (below) skips the build and draws a
+graph directly, for the PPR kernels.
+
+The graph generator:
 
 Shape of a real index (musique_train: 1,890 passages, ~16k phrases, ~9 triples and ~10 distinct
 phrases per passage, one very popular phrase in 169 passages, 91 % of phrases in one passage) and
@@ -15,19 +24,28 @@ the issue's 1M target (~6 nodes and ~60 directed CSR entries per passage):
 * Synonym edges: ``synonyms_per_phrase``·V/2 random phrase pairs with cosine in [0.8, 1],
   A = 2·score (mutual neighbours). Duplicates add up, as in the official multigraph.
 
-Everything is vectorised numpy: no Python loop per passage.
+The graph generator is vectorised numpy: no Python loop per passage. The corpus generator draws
+its structure the same way and loops in Python only to build strings (one per phrase, one per
+passage when writing), about 15 s per million passages here.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from scipy.sparse import coo_matrix
 from torch import Tensor
 
-__all__ = ["SyntheticGraph", "synthetic_graph", "synthetic_reset_vectors"]
+from hippo_gpu.data import OpenIEDoc, Passage, Triple, normalize_text, passage_key
+
+__all__ = ["SyntheticCorpus", "SyntheticGraph", "corpus_statistics", "synthetic_corpus",
+           "synthetic_graph", "synthetic_reset_vectors"]
 
 
 @dataclass(frozen=True)
@@ -191,3 +209,277 @@ def synthetic_reset_vectors(
     scaled = np.divide(dense - lo, span, out=np.ones_like(dense), where=span > 0)
     reset[v:] = torch.from_numpy(passage_node_weight * scaled.T).to(dtype)
     return reset
+
+
+# --- synthetic corpora in the users' input formats ----------------------------------------------
+
+# musique_train (1,890 passages, gpt-3.5-turbo-1106 OpenIE), measured by `corpus_statistics`.
+MUSIQUE_STATISTICS = {"facts_per_passage": 9.10, "phrases_per_passage": 8.59,
+                      "distinct_phrases_per_passage": 10.45, "single_passage_phrases": 0.912,
+                      "predicates_per_passage": 2.66}
+
+_CONSONANTS = list("bcdfgklmnprstvz")
+_VOWELS = list("aeiou")
+_KINDS = ("River", "College", "County", "Records", "Party", "Island", "Festival", "Church",
+          "Award", "Valley", "Station", "Museum", "Company", "Stadium", "Theatre", "Bridge")
+_PREPS = ("in", "of", "by", "at", "for", "to", "with", "from", "on", "as", "into", "during",
+          "after", "before", "under", "near")
+# Near-duplicate forms of a phrase X: what LLM OpenIE emits for one entity in two passages.
+_VARIANTS = ("The {}", "{}s", "{} Group", "{} Jr")
+_WORDS = 32768  # pseudo-words per position: base phrase b is (word[b % W], word[b // W % W], ..)
+
+
+def _pseudo_words(rng: np.random.Generator, count: int) -> list[str]:
+    """`count` distinct capitalised consonant-vowel words of 3 syllables (seeded order).
+
+    Every word ends in a vowel, so no word equals a variant suffix ("s", "Group", "Jr") and
+    "The" (two consonants) is never a word: variant texts never collide with base texts.
+    """
+    syl = [c + v for c in _CONSONANTS for v in _VOWELS]  # 75 syllables
+    pick = rng.permutation(len(syl) ** 3)[:count]  # of 421,875 words
+    n = len(syl)
+    return [(syl[i // (n * n)] + syl[i // n % n] + syl[i % n]).capitalize() for i in pick.tolist()]
+
+
+@dataclass(frozen=True)
+class SyntheticCorpus:
+    """Passages and their OpenIE triples, held as arrays (materialise with `passages()` /
+    `docs()`, or stream to files with `write()`).
+
+    Triple t belongs to the passage p with triple_ptr[p] <= t < triple_ptr[p + 1]; its raw
+    texts are (phrase_text[subject[t]], predicate_text[predicate[t]], phrase_text[object[t]]).
+    """
+
+    phrase_text: list[str]  # [V] raw phrase texts (capitalised, as LLM OpenIE writes entities)
+    predicate_text: list[str]  # [R]
+    triple_ptr: np.ndarray  # [P + 1] int64
+    subject: np.ndarray  # [T] int64 phrase ids
+    predicate: np.ndarray  # [T] int64 predicate ids
+    object: np.ndarray  # [T] int64 phrase ids
+    seed: int
+
+    @property
+    def num_passages(self) -> int:
+        return int(len(self.triple_ptr) - 1)
+
+    def _rows(self) -> Iterator[tuple[Passage, list[Triple], list[str]]]:
+        ph, pr = self.phrase_text, self.predicate_text
+        s_all, p_all, o_all = (a.tolist() for a in (self.subject, self.predicate, self.object))
+        ptr = self.triple_ptr.tolist()
+        for i in range(self.num_passages):
+            a, b = ptr[i], ptr[i + 1]
+            triples = [(ph[s], pr[p], ph[o]) for s, p, o in
+                       zip(s_all[a:b], p_all[a:b], o_all[a:b])]
+            text = " ".join(f"{s} {p} {o}." for s, p, o in triples)
+            entities = list(dict.fromkeys(x for s, _, o in triples for x in (s, o)))
+            yield Passage(title=triples[0][0], text=text), triples, entities
+
+    def passages(self) -> list[Passage]:
+        return [p for p, _, _ in self._rows()]
+
+    def docs(self) -> list[OpenIEDoc]:
+        """OpenIE docs in passage order, as `data.read_openie` returns them."""
+        return [OpenIEDoc(entities=tuple(e), triples=tuple(dict.fromkeys(t)))
+                for _, t, e in self._rows()]
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write `corpus.json` (list of {title, text}) and `openie.json` (HippoRAG v2 OpenIE:
+        {"docs": [{idx, passage, extracted_entities, extracted_triples}]}), streaming one
+        passage at a time. Returns {"corpus": path, "openie": path}."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        corpus_path, openie_path = out / "corpus.json", out / "openie.json"
+        with corpus_path.open("w", encoding="utf-8") as fc, \
+                openie_path.open("w", encoding="utf-8") as fo:
+            fc.write("[")
+            fo.write('{"docs": [')
+            for i, (p, triples, entities) in enumerate(self._rows()):
+                sep = "," if i else ""
+                fc.write(sep + json.dumps({"title": p.title, "text": p.text}))
+                fo.write(sep + json.dumps({
+                    "idx": passage_key(p.content), "passage": p.content,
+                    "extracted_entities": entities,
+                    "extracted_triples": [list(t) for t in triples]}))
+            fc.write("]")
+            fo.write("]}")
+        return {"corpus": corpus_path, "openie": openie_path}
+
+
+def synthetic_corpus(
+    num_passages: int,
+    *,
+    seed: int = 0,
+    facts_per_passage: float = 9.1,
+    phrases_per_fact: float = 1.148,
+    new_phrase_rate: float = 0.80,
+    zipf: float = 0.95,
+    variant_rate: float = 0.08,
+    predicates_per_passage: float = 2.66,
+) -> SyntheticCorpus:
+    """A seeded corpus with musique_train's OpenIE statistics (see MUSIQUE_STATISTICS).
+
+    Per passage p: T_p ~ max(1, Poisson(facts_per_passage)) triples over
+    K_p = clip(round(phrases_per_fact * T_p + N(0, 1)), 2, 2 T_p) distinct phrase slots. Slot 0
+    is a phrase new to the corpus (so every passage is unique, and it titles the passage); every
+    other slot is new with probability `new_phrase_rate`, else a reuse of an existing phrase drawn
+    by a Zipf law over a seeded popularity order (P(rank r) ∝ (r + 1)^-zipf). A fraction
+    `variant_rate` of the new phrases are near-duplicates of another phrase ("The X", "Xs",
+    "X Group", "X Jr"): the synonym step's work. The 2·T_p subject/object positions cover the
+    K_p slots first, then draw uniformly among them (subject != object); predicates are Zipf
+    over a vocabulary of `predicates_per_passage`·P. Everything is array work except building
+    the strings (one Python expression per phrase).
+
+    Args:
+        num_passages: P >= 1.
+        seed: the same arguments give the same corpus, byte for byte.
+    """
+    if num_passages < 1:
+        raise ValueError(f"num_passages must be >= 1, got {num_passages}")
+    if not 0.0 <= new_phrase_rate <= 1.0 or not 0.0 <= variant_rate < 1.0:
+        raise ValueError("new_phrase_rate must be in [0, 1] and variant_rate in [0, 1)")
+    if facts_per_passage <= 0 or phrases_per_fact <= 0 or zipf <= 0:
+        raise ValueError("facts_per_passage, phrases_per_fact and zipf must be > 0")
+    rng = np.random.default_rng(seed)
+    p = num_passages
+    t_p = np.maximum(1, rng.poisson(facts_per_passage, p))  # [P] triples per passage
+    k_p = np.clip(np.rint(phrases_per_fact * t_p + rng.standard_normal(p)), 2, 2 * t_p)
+    k_p = k_p.astype(np.int64)  # [P] phrase slots per passage
+    slot_ptr = np.concatenate([[0], np.cumsum(k_p)])
+    s_total = int(slot_ptr[-1])
+
+    # slots -> phrase ids: new phrases numbered in slot order, reuses drawn by Zipf
+    new = rng.random(s_total) < new_phrase_rate
+    new[slot_ptr[:-1]] = True
+    v = int(new.sum())
+    slot_phrase = np.empty(s_total, dtype=np.int64)
+    slot_phrase[new] = np.arange(v)
+    popularity = rng.permutation(v)  # rank -> phrase id
+    slot_phrase[~new] = popularity[_zipf_sample(rng, v, int((~new).sum()), zipf)]
+
+    # triple positions: position j of passage p (2 per triple) takes slot j if j < K_p
+    t_ptr = np.concatenate([[0], np.cumsum(t_p)])
+    t_total = int(t_ptr[-1])
+    pas = np.repeat(np.arange(p), 2 * t_p)  # [2T] passage of each position
+    j = np.arange(2 * t_total) - np.repeat(2 * t_ptr[:-1], 2 * t_p)  # [2T] position in passage
+    k_of = k_p[pas]
+    local = np.where(j < k_of, j, (rng.random(2 * t_total) * k_of).astype(np.int64))
+    local = local.reshape(t_total, 2)
+    k_t = k_p[np.repeat(np.arange(p), t_p)]
+    clash = local[:, 0] == local[:, 1]
+    local[clash, 1] = (local[clash, 1] + 1) % k_t[clash]
+    base = np.repeat(slot_ptr[:-1], t_p)
+    subject = slot_phrase[base + local[:, 0]]
+    obj = slot_phrase[base + local[:, 1]]
+
+    # predicates: a fresh one with probability q (q·T ≈ 0.9 of the vocabulary), else a Zipf
+    # draw from a small popular set ("is", "born in" ...)
+    popular = max(16, int(0.1 * predicates_per_passage * p))
+    fresh = rng.random(t_total) < 0.9 * predicates_per_passage / facts_per_passage
+    predicate = _zipf_sample(rng, popular, t_total, 1.0)
+    predicate[fresh] = popular + np.arange(int(fresh.sum()))
+    r = popular + int(fresh.sum())
+
+    # texts: base phrases from their id's digits in base W, variants from a base phrase's text
+    words = _pseudo_words(rng, _WORDS)
+    is_variant = rng.random(v) < variant_rate
+    is_variant[0] = False
+    bases = np.nonzero(~is_variant)[0]
+    kind = rng.integers(0, 3 * len(_KINDS), len(bases))  # >= len(_KINDS): no kind word
+    texts: list[str] = [""] * v
+    # a bijection of [0, W^2) (odd multiplier), so neighbouring ids do not share a first word
+    scrambled = (np.arange(len(bases), dtype=np.int64) * 2654435761) % (_WORDS * _WORDS)
+    scrambled += np.arange(len(bases), dtype=np.int64) // (_WORDS * _WORDS) * _WORDS * _WORDS
+    for n, b, kd in zip(scrambled.tolist(), bases.tolist(), kind.tolist()):
+        parts = [words[n // _WORDS % _WORDS], words[n % _WORDS]]
+        if n >= _WORDS * _WORDS:
+            parts.insert(0, words[n // (_WORDS * _WORDS) % _WORDS])
+        if kd < len(_KINDS):
+            parts.append(_KINDS[kd])
+        texts[b] = " ".join(parts)
+    variants = np.nonzero(is_variant)[0]
+    of = bases[rng.integers(0, len(bases), len(variants))]
+    form = rng.integers(0, len(_VARIANTS), len(variants))
+    for i, b, f in zip(variants.tolist(), of.tolist(), form.tolist()):
+        texts[i] = _VARIANTS[f].format(texts[b])
+    predicates = [f"{words[i % _WORDS].lower()}s {_PREPS[i // _WORDS % len(_PREPS)]}"
+                  + (f" {words[i // (_WORDS * len(_PREPS))].lower()}"
+                     if i >= _WORDS * len(_PREPS) else "")
+                  for i in range(r)]
+    return SyntheticCorpus(phrase_text=texts, predicate_text=predicates, triple_ptr=t_ptr,
+                           subject=subject, predicate=predicate.astype(np.int64), object=obj,
+                           seed=seed)
+
+
+def corpus_statistics(
+    docs: Sequence[OpenIEDoc],
+    *,
+    embed: Any = None,
+    near_duplicate_threshold: float = 0.8,
+    sample: int = 2000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The OpenIE statistics the synthetic generator matches, measured on any docs.
+
+    facts_per_passage: mean triples per passage (well-formed, deduplicated as read_openie does);
+    phrases_per_passage: M / P, distinct normalised subjects and objects over passages (the
+    issue's "phrase mentions per passage"); distinct_phrases_per_passage: mean distinct phrases
+    within one passage; single_passage_phrases: fraction of phrases mentioned by one passage;
+    max_phrase_passages: passages of the most popular phrase; zipf_slope: -slope of
+    log(passages) against log(rank) over the phrases in >= 2 passages; predicates_per_passage;
+    near_duplicate_phrases (only with `embed`, a texts -> [n, D] L2-normalised array function):
+    fraction of `sample` phrases with another phrase at cosine >= `near_duplicate_threshold`.
+    """
+
+    p = len(docs)
+    if p == 0:
+        raise ValueError("corpus_statistics needs at least one doc")
+    cache: dict[str, str] = {}
+
+    def norm(s: str) -> str:
+        out = cache.get(s)
+        if out is None:
+            out = cache[s] = normalize_text(s)
+        return out
+
+    phrase_row: dict[str, int] = {}
+    predicates: set[str] = set()
+    pas, phr = [], []
+    facts = 0
+    for d, doc in enumerate(docs):
+        facts += len(doc.triples)
+        for s, rel, o in doc.triples:
+            predicates.add(norm(rel))
+            for x in (norm(s), norm(o)):
+                pas.append(d)
+                phr.append(phrase_row.setdefault(x, len(phrase_row)))
+    m = len(phrase_row)
+    pairs = np.unique(np.asarray(pas, np.int64) * max(m, 1) + np.asarray(phr, np.int64))
+    per_phrase = np.bincount(pairs % max(m, 1), minlength=m)
+    counts = np.sort(per_phrase)[::-1]
+    multi = counts[counts >= 2]
+    slope = 0.0
+    if len(multi) >= 3:
+        ranks = np.arange(1, len(multi) + 1, dtype=np.float64)
+        slope = float(-np.polyfit(np.log(ranks), np.log(multi.astype(np.float64)), 1)[0])
+    out = {
+        "passages": float(p),
+        "facts_per_passage": facts / p,
+        "phrases_per_passage": m / p,
+        "distinct_phrases_per_passage": len(pairs) / p,
+        "single_passage_phrases": float(np.mean(per_phrase == 1)) if m else 0.0,
+        "max_phrase_passages": float(counts[0]) if m else 0.0,
+        "zipf_slope": slope,
+        "predicates_per_passage": len(predicates) / p,
+    }
+    if embed is not None and m > 1:
+        phrases = list(phrase_row)
+        vec = torch.from_numpy(np.asarray(embed(phrases), dtype=np.float32))  # [M, D]
+        rows = torch.from_numpy(np.random.default_rng(seed).permutation(m)[:sample])
+        near = torch.zeros(len(rows), dtype=torch.bool)
+        for start in range(0, m, 32768):  # [S, 32768] cosines at a time (256 MB at S = 2000)
+            sim = vec[rows] @ vec[start:start + 32768].T
+            own = (rows >= start) & (rows < start + sim.shape[1])
+            sim[own, (rows[own] - start)] = -1.0  # not itself
+            near |= (sim >= near_duplicate_threshold).any(dim=1)
+        out["near_duplicate_phrases"] = float(near.double().mean())
+    return {k: round(v, 4) for k, v in out.items()}

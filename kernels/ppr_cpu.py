@@ -15,11 +15,11 @@ certificate) are in ppr.py's docstring. This file is only about doing it fast:
   GIL; a fixed block-to-thread assignment, and buffers reused across calls).
 * **One pass per step.** :func:`_sweep` is written in LLVM IR (a numba intrinsic) so the W lanes
   are explicit <8 x float> / <4 x double> vectors: for each row i it gathers
-  acc = Σ_e M_e y_{j_e} over the row's nonzeros and, in the same pass, forms
-  g_i = (1 − d) r̂_i + d acc, accumulates the residual Σ_i |g_i − y_i| and the masses Σ_i y_i and
-  Σ_i max(y_i, 0), and writes y_prev_i ← ω g_i + (1 − ω) y_prev_i (y_prev is not even read when
-  ω = 1). Written as plain numba loops, LLVM's vectoriser left the lanes scalar (no fastmath,
-  which we keep off for determinism; numba also disables SLP vectorisation): 3-5x slower. Nothing
+  g_i = (1 − d) r̂_i + Σ_e (d M)_e y_{j_e} over the row's nonzeros and, in the same pass,
+  accumulates the residual Σ_i |g_i − y_i| and the mass Σ_i y_i, and writes
+  y_prev_i ← ω g_i + (1 − ω) y_prev_i. Written as plain numba loops, LLVM's vectoriser left the
+  lanes scalar (no fastmath, which we keep off for determinism; numba also disables SLP
+  vectorisation): 3-5x slower. Nothing
   is reassociated: each lane sums in CSR order, so a column's result is bit-identical whatever its
   batch, block width or thread count (its seeds are normalised here too, in a fixed order).
 * **Rows in locality order, gathers prefetched.** The operator arrives permuted (RCM by default,
@@ -53,14 +53,15 @@ L3_BYTES = 32 << 20  # a typical last-level cache; only picks the block width
 
 
 @intrinsic(prefer_literal=True)
-def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_prev, omega, res,
-           tot, width, prefetch):
+def _sweep(typingctx, n, indptr, indices, data, base, base_scale, y, y_prev, omega, res, tot, width,
+           prefetch):
     """One fused step over flat [N, W] blocks (W a literal multiple of the vector lanes).
 
-    For each row i, with g_i = s·base_i + d·Σ_{e in row i} data_e · y_{indices_e} (W lanes, s =
-    ``base_scale``, d = ``damping``): res += |g_i − y_i|, tot[0] += y_i, tot[1] += max(y_i, 0),
-    and y_prev_i ← ω g_i + (1 − ω) y_prev_i (ω = 1: y_prev_i ← g_i, without reading y_prev).
-    res [W] and tot [2, W] are written at the end.
+    For each row i, with g_i = s·base_i + Σ_{e in row i} data_e · y_{indices_e} (W lanes, s =
+    ``base_scale``, data = d·M): res += |g_i − y_i|, tot += y_i, and
+    y_prev_i ← ω g_i + (1 − ω) y_prev_i. res and tot ([W]) are written at the end. (The two
+    running sums and the row's accumulators use 12 of AVX2's 16 vector registers at W = 32; a
+    third sum, Σ max(y_i, 0), measured ~30 % slower from spills, so _emit computes it instead.)
     """
     if not all(isinstance(t, types.IntegerLiteral) for t in (width, prefetch)):
         return None
@@ -71,18 +72,18 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
     if w_lanes % lanes:
         return None
     k_vec = w_lanes // lanes
-    sig = types.void(n, indptr, indices, data, damping, base, base_scale, y, y_prev, omega, res,
-                     tot, width, prefetch)
+    sig = types.void(n, indptr, indices, data, base, base_scale, y, y_prev, omega, res, tot, width,
+                     prefetch)
 
     def codegen(context, builder, signature, args):
         n_ = args[0]
-        damping_, scale_, omega_ = (  # scalars in the arrays' float type
-            context.cast(builder, args[k], signature.args[k], dtype) for k in (4, 6, 9)
+        scale_, omega_ = (  # scalars in the arrays' float type
+            context.cast(builder, args[k], signature.args[k], dtype) for k in (5, 8)
         )
         ptr = {k: make_array(signature.args[k])(context, builder, args[k]).data
-               for k in (1, 2, 3, 5, 7, 8, 10, 11)}
-        p_indptr, p_indices, p_data, p_base = ptr[1], ptr[2], ptr[3], ptr[5]
-        p_y, p_prev, p_res, p_tot = ptr[7], ptr[8], ptr[10], ptr[11]
+               for k in (1, 2, 3, 4, 6, 7, 9, 10)}
+        p_indptr, p_indices, p_data, p_base = ptr[1], ptr[2], ptr[3], ptr[4]
+        p_y, p_prev, p_res, p_tot = ptr[6], ptr[7], ptr[9], ptr[10]
         fty = context.get_value_type(dtype)
         vty = ir.VectorType(fty, lanes)
         i64, i32 = ir.IntType(64), ir.IntType(32)
@@ -110,10 +111,9 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
             builder.module, ir.FunctionType(vty, [vty]), f"llvm.fabs.v{lanes}f{dtype.bitwidth}"
         )
         zero = ir.Constant(vty, [0.0] * lanes)
-        d_vec, s_vec, w_vec = splat(damping_), splat(scale_), splat(omega_)
+        s_vec, w_vec = splat(scale_), splat(omega_)
         keep_vec = splat(builder.fsub(ir.Constant(fty, 1.0), omega_))
         stride = const(w_lanes)
-        plain = builder.fcmp_ordered("==", omega_, ir.Constant(fty, 1.0))
         nnz = index(p_indptr, n_)  # indptr[n]
         last = builder.sub(nnz, const(1))
         i32_0 = ir.Constant(i32, 0)
@@ -127,7 +127,6 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
         row_head, row_body = fn.append_basic_block("row_head"), fn.append_basic_block("row_body")
         nz_head, nz_body = fn.append_basic_block("nz_head"), fn.append_basic_block("nz_body")
         row_end, done = fn.append_basic_block("row_end"), fn.append_basic_block("done")
-        store_plain, store_cheb = fn.append_basic_block("plain"), fn.append_basic_block("cheb")
         latch = fn.append_basic_block("latch")
         builder.branch(row_head)
 
@@ -136,9 +135,8 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
         i = builder.phi(i64)
         res_acc = [builder.phi(vty) for _ in range(k_vec)]
         tot_acc = [builder.phi(vty) for _ in range(k_vec)]
-        pos_acc = [builder.phi(vty) for _ in range(k_vec)]
         i.add_incoming(const(0), entry)
-        for phi in res_acc + tot_acc + pos_acc:
+        for phi in res_acc + tot_acc:
             phi.add_incoming(zero, entry)
         builder.cbranch(builder.icmp_signed("<", i, n_), row_body, done)
 
@@ -174,26 +172,19 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
         e.add_incoming(builder.add(e, const(1)), nz_body)
         builder.branch(nz_head)
 
-        # g_i = s·base_i + d·acc; residual, masses and the Chebyshev update in the same pass
+        # g_i = s·base_i + acc (the small terms summed first); residual, mass, Chebyshev update
         builder.position_at_end(row_end)
         gs, ats = [], []
         for k in range(k_vec):
             at = builder.add(row, const(k * lanes))
-            g = builder.fadd(builder.fmul(s_vec, vload(p_base, at)), builder.fmul(d_vec, acc[k]))
+            g = builder.fadd(builder.fmul(s_vec, vload(p_base, at)), acc[k])
             y_i = vload(p_y, at)
             diff = builder.call(fabs, [builder.fsub(g, y_i)])
             res_acc[k].add_incoming(builder.fadd(res_acc[k], diff), latch)
             tot_acc[k].add_incoming(builder.fadd(tot_acc[k], y_i), latch)
-            positive = builder.select(builder.fcmp_ordered(">", y_i, zero), y_i, zero)
-            pos_acc[k].add_incoming(builder.fadd(pos_acc[k], positive), latch)
             gs.append(g)
             ats.append(at)
-        builder.cbranch(plain, store_plain, store_cheb)
-        builder.position_at_end(store_plain)  # ω = 1 (power step, first Chebyshev step)
-        for k in range(k_vec):
-            builder.store(gs[k], vptr(p_prev, ats[k]), align=align)
-        builder.branch(latch)
-        builder.position_at_end(store_cheb)
+        # (A branch skipping the y_prev read when ω = 1 made the Chebyshev steps 7 % slower.)
         for k in range(k_vec):
             keep = builder.fmul(keep_vec, vload(p_prev, ats[k]))
             builder.store(builder.fadd(builder.fmul(w_vec, gs[k]), keep), vptr(p_prev, ats[k]),
@@ -207,25 +198,24 @@ def _sweep(typingctx, n, indptr, indices, data, damping, base, base_scale, y, y_
         for k in range(k_vec):
             builder.store(res_acc[k], vptr(p_res, const(k * lanes)), align=align)
             builder.store(tot_acc[k], vptr(p_tot, const(k * lanes)), align=align)
-            builder.store(pos_acc[k], vptr(p_tot, const(w_lanes + k * lanes)), align=align)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @njit(cache=True, nogil=True)
-def _sweep_any(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, width):
+def _sweep_any(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, width):
     # One fully unrolled vector loop per width (float32 uses 8..32, float64 4..16).
     if width == 4:
-        _sweep(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, 4, PREFETCH)
+        _sweep(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, 4, PREFETCH)
     elif width == 8:
-        _sweep(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, 8, PREFETCH)
+        _sweep(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, 8, PREFETCH)
     elif width == 16:
-        _sweep(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, 16, PREFETCH)
+        _sweep(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, 16, PREFETCH)
     elif width == 32:
-        _sweep(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, 32, PREFETCH)
+        _sweep(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, 32, PREFETCH)
     else:
-        _sweep(n, indptr, indices, data, d, base, s, y, y_prev, omega, res, tot, 64, PREFETCH)
+        _sweep(n, indptr, indices, data, base, s, y, y_prev, omega, res, tot, 64, PREFETCH)
 
 
 @njit(cache=True, nogil=True)
@@ -270,22 +260,28 @@ def _topk_min_gap(scores, k):
 
 
 @njit(cache=True, nogil=True)
-def _emit(y, width, lanes_out, positive_mass, target_pos, out, q0):
+def _emit(y, width, lanes_out, target_pos, out, q0):
     """out[:, q0 + c] = max(y_c, 0)[targets] / Σ max(y_c, 0) for each lane c with lanes_out[c].
 
-    Clamping at 0 can only shrink the error (x* ≥ 0). ``positive_mass`` [W] is Σ max(y_c, 0),
-    accumulated by the sweep; one row-major pass over the target rows for all lanes at once.
+    Clamping at 0 can only shrink the error (x* ≥ 0). Two row-major passes for all lanes at once
+    (a block emits once or twice: its columns finish within a step or two of each other).
     """
-    scale = np.zeros(width)
+    n = y.size // width
+    total = np.zeros(width)
+    for i in range(n):
+        row = i * width
+        for c in range(width):
+            v = y[row + c]
+            if v > 0:
+                total[c] += v
     for c in range(width):
-        if positive_mass[c] > 0:
-            scale[c] = 1.0 / positive_mass[c]
+        total[c] = 1.0 / total[c] if total[c] > 0 else 0.0
     for r in range(target_pos.size):
         row = target_pos[r] * width
         for c in range(width):
             if lanes_out[c]:
                 v = y[row + c]
-                out[r, q0 + c] = v * scale[c] if v > 0 else 0.0
+                out[r, q0 + c] = v * total[c] if v > 0 else 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -309,28 +305,29 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
             y[row + c] = 0
     for c in range(live):
         total[c] = 1.0 / total[c]
-    for i in range(n):  # y_0 = r̂; base = r̂ (scaled by 1 − d inside the sweep)
+    for i in range(n):  # y_0 = r̂; base = r̂ (scaled by 1 − d inside the sweep); y_prev finite
         row = i * width
         for c in range(width):
             v = y[row + c] * total[c]
             y[row + c] = v
             base[row + c] = v
+            y_prev[row + c] = v
     res = np.zeros(width, reset.dtype)
-    tot = np.zeros((2, width), reset.dtype)  # Σ y, Σ max(y, 0) per lane
+    tot = np.zeros(width, reset.dtype)  # Σ y per lane
     done = np.zeros(width, np.bool_)
     done[live:] = True
     finished = np.zeros(width, np.bool_)
     check_topk = np.zeros(width, np.bool_)
     last_gap = np.full(width, np.inf)  # min top-k gap at the last check (top-k only)
     for step in range(max_iter):
-        _sweep_any(n, indptr, indices, data, damping, base, one_minus_d, y, y_prev, omegas[step],
-                   res, tot, width)
+        _sweep_any(n, indptr, indices, data, base, one_minus_d, y, y_prev, omegas[step], res, tot,
+                   width)
         finished[:] = False
         check_topk[:] = False
         for c in range(live):
             if done[c]:
                 continue
-            bound = bound_factor * res[c] / tot[0, c] if tot[0, c] > 0 else np.inf
+            bound = bound_factor * res[c] / tot[c] if tot[c] > 0 else np.inf
             bounds[q0 + c] = bound
             if bound <= tol:
                 finished[c] = True
@@ -357,7 +354,7 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                     finished[c] = True
                     iterations[q0 + c] = max_iter
         if finished.any():
-            _emit(y, width, finished, tot[1], target_pos, out, q0)
+            _emit(y, width, finished, target_pos, out, q0)
             done |= finished
             if done.all():
                 return
@@ -423,9 +420,9 @@ def solve_blocks(
     ``omegas.size`` steps; an uncertified one reports max_iter steps and its last bound.
 
     Args:
-        indptr, indices, data: the permuted operator M = A D⁻¹ as CSR ([N+1] int32/int64,
-            [nnz] int32/uint32/int64, [nnz] float32/float64: the dtype of the computation), e.g.
-            zero-copy numpy views of a :class:`hippo_gpu.ppr.Transition`'s tensors.
+        indptr, indices, data: the permuted operator d·M = d·A D⁻¹ as CSR ([N+1] int32/int64,
+            [nnz] int32/uint32/int64, [nnz] float32/float64: the dtype of the computation); the
+            index arrays can be zero-copy numpy views of a :class:`hippo_gpu.ppr.Transition`'s.
         reset: [N, Q] non-negative reset weights r in the *original* row order, C-contiguous,
             each column with a positive sum (normalised here: r̂ = r / 1ᵀr).
         perm: [N] int64, perm[k] = original row stored at position k.

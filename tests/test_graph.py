@@ -91,3 +91,60 @@ def test_synonym_walk_semantics():
     # row 1: accept 0, stop at 0.79; row 2 is the empty phrase and row 3 ('ab') has <= 2 alnum
     # chars: no edges; row 4: skip empty, accept 0 and 1 (cap)
     assert got == [(0, 1, 0.95), (0, 4, 0.85), (1, 0, 0.95), (4, 0, 0.97), (4, 1, 0.96)]
+
+
+def _reference_elements(docs):
+    """The per-triple Python construction (the pre-vectorisation code), as an oracle."""
+    per_doc, phrase_set, fact_set = [], set(), set()
+    for doc in docs:
+        triples = [tuple(normalize_text(x) for x in t) for t in doc.triples]
+        per_doc.append(triples)
+        for s, _, o in triples:
+            phrase_set.update((s, o))
+        fact_set.update(triples)
+    phrases, facts = sorted(phrase_set), sorted(fact_set)
+    row = {p: i for i, p in enumerate(phrases)}
+    pair_count: dict[tuple[int, int], int] = {}
+    inc = set()
+    occurrences = []
+    for d, triples in enumerate(per_doc):
+        for s, _, o in triples:
+            for a, b in ((row[s], row[o]), (row[o], row[s])):
+                pair_count[(a, b)] = pair_count.get((a, b), 0) + 1
+            inc.update(((d, row[s]), (d, row[o])))
+        occurrences.append(list(triples))
+    return phrases, facts, pair_count, sorted(inc), occurrences
+
+
+def test_vectorised_elements_equal_the_per_triple_reference_on_musique():
+    from hippo_gpu.data import read_corpus, read_openie
+    from tests.conftest import musique_or_skip
+
+    data = musique_or_skip()
+    passages = read_corpus(data / "corpus.json")
+    docs, _ = read_openie(data / "openie_gpt-3.5-turbo-1106.json", passages)
+    phrases, facts, pair_count, inc, occurrences = _reference_elements(docs)
+    el = extract_elements(docs)
+    assert (len(el.phrases), len(el.facts)) == (16235, 17036)  # the official counts
+    assert el.phrases == phrases and list(el.facts) == facts
+    row = {p: i for i, p in enumerate(phrases)}
+    np.testing.assert_array_equal(el.fact_phrases, [[row[s], row[o]] for s, _, o in facts])
+    got = {(int(s), int(d)): c for s, d, c in
+           zip(el.fact_pair_src, el.fact_pair_dst, el.fact_pair_count)}
+    assert got == pair_count
+    assert list(zip(el.passage_phrase_passage.tolist(), el.passage_phrase_phrase.tolist())) == inc
+    rows = [[el.facts[r] for r in el.occurrence_fact[el.occurrence_ptr[p]:
+                                                    el.occurrence_ptr[p + 1]]]
+            for p in range(len(docs))]
+    assert rows == occurrences
+
+
+def test_elements_of_pre_normalised_triples_are_the_same():
+    el = extract_elements(_docs())
+    again = extract_elements([[tuple(normalize_text(x) for x in t) for t in d.triples]
+                              for d in _docs()], normalized=True)
+    assert again.phrases == el.phrases and again.facts == el.facts
+    np.testing.assert_array_equal(again.fact_pair_count, el.fact_pair_count)
+    assert el.predicates == ["knows", "likes", "lives in"]
+    np.testing.assert_array_equal(el.occurrence_ptr, [0, 2, 3, 3])
+    np.testing.assert_array_equal(el.occurrence_fact, [0, 1, 2])

@@ -138,8 +138,8 @@ def test_numba_top_k_and_uncertified_columns() -> None:
     edges, weights, reset = _case(n, q, seed=12)
     transition = build_transition(edges_to_csr(edges, weights, n), dtype=torch.float64)
     m = transition.matrix
-    args = (m.crow_indices().numpy(), m.col_indices().numpy(), m.values().numpy(),
-            reset / reset.sum(0), np.arange(n), np.arange(n))
+    args = (m.crow_indices().numpy(), m.col_indices().numpy(), 0.5 * m.values().numpy(),  # d·M
+            reset, np.arange(n), np.arange(n))
     weights_ = np.ones(3)  # 3 power steps: not enough for tol
     out, steps, bounds, certified = ppr_cpu.solve_blocks(
         *args, weights_, damping=0.5, tol=1e-12, top_k=0, threads=1)

@@ -47,6 +47,8 @@ LIMITS: dict[str, int] = {
 OPERATIONS = {
     ("/v1/retrieve", "post"): "retrieve",
     ("/v1/stats", "get"): "stats",
+    ("/v1/indexes", "get"): "indexes",
+    ("/metrics", "get"): "metrics",
     ("/healthz", "get"): "healthz",
     ("/readyz", "get"): "readyz",
 }
@@ -121,6 +123,22 @@ def test_request_limits_are_in_the_schema(sample_searcher: Any) -> None:
         jsonschema.Draft202012Validator(schema).validate(example)
 
 
+def test_index_names_are_in_the_schema(sample_searcher: Any) -> None:
+    spec = create_app({"main": sample_searcher, "aux": sample_searcher}, ServerConfig()).openapi()
+    index = _request_schema(spec)["properties"]["index"]
+    assert index["anyOf"] == [{"type": "string", "enum": ["main", "aux"]}, {"type": "null"}]
+    (param,) = spec["paths"]["/v1/stats"]["get"]["parameters"]
+    assert param["name"] == "index" and param["in"] == "query" and not param["required"]
+    assert param["schema"]["anyOf"][0]["enum"] == ["main", "aux"]
+    indexes = spec["paths"]["/v1/indexes"]["get"]["responses"]["200"]["content"]
+    assert indexes["application/json"]["schema"] == {"$ref": "#/components/schemas/IndexesResponse"}
+    metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain; version=0.0.4; charset=utf-8"]
+    # the single-index form: one name, "default"
+    one = _request_schema(_spec(sample_searcher))["properties"]["index"]
+    assert one["anyOf"] == [{"type": "string", "const": "default"}, {"type": "null"}]
+
+
 def test_body_limit_admits_every_schema_valid_request() -> None:
     config = ServerConfig(**LIMITS)
     widest = {"queries": ["\U0001d11e" * 64] * 4, "entities": [["\U0001d11e" * 24] * 3] * 4,
@@ -171,10 +189,16 @@ def test_schema_and_server_agree_on_each_body(sample_searcher: Any) -> None:
 # schemathesis against a live server
 
 
-@pytest.fixture(scope="module", params=[None, TOKEN], ids=["no-token", "token"])
+@pytest.fixture(scope="module", params=[None, TOKEN, "two-indexes"],
+                ids=["no-token", "token", "two-indexes"])
 def live_server(request: pytest.FixtureRequest, sample_searcher: Any) -> Iterator[tuple[str, Any]]:
-    with serving(sample_searcher, ServerConfig(token=request.param, **LIMITS)) as (url, _):
-        yield url, request.param
+    # Two names over one searcher: schemathesis sends one request at a time, so the two batcher
+    # threads never run the shared query encoder at once.
+    served = ({"a": sample_searcher, "b": sample_searcher} if request.param == "two-indexes"
+              else sample_searcher)  # fmt: skip
+    token = TOKEN if request.param == TOKEN else None
+    with serving(served, ServerConfig(token=token, **LIMITS)) as (url, _):
+        yield url, token
 
 
 @pytest.fixture

@@ -79,11 +79,12 @@ def test_ray_answers_equal_local_command(ray_local, sample_index_dir, sample_sea
     # Through the CLI; Ray is already up in this process, so --ray uses it and leaves it up.
     res = CliRunner().invoke(app, [
         "retrieve", "--index", str(sample_index_dir), "--queries", str(q), "--out", str(out),
-        "--top-k", "5", "--batch-size", "6", "--device", "cpu", "--threads", "1",
-        "--ray", "local", "--workers", "2", "--cpus-per-worker", "0.5"])
+        "--top-k", "5", "--batch-size", "6", "--part-size", "9", "--device", "cpu",
+        "--threads", "1", "--ray", "local", "--workers", "2", "--cpus-per-worker", "0.5"])
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())
-    assert "41 rows" in said and "41 answered, 0 malformed" in said and "2 workers" in said
+    assert "41 rows" in said and "2 workers" in said
+    assert "41 answered, 0 from committed parts, 0 malformed" in said
     _assert_same(_jsonl(out), _jsonl(local))
     assert not out.with_name("ray.jsonl.parts").exists()
     assert ray.is_initialized()
@@ -106,18 +107,18 @@ def test_ray_is_imported_only_by_hippo_gpu_distributed():
 
 
 class CrashOnce(IndexActor):
-    """Dies (os._exit, as a killed process) on the first batch holding a query
-    "crash trigger MARKER: ..."; it creates MARKER first, so the batch retried on the
+    """Dies (os._exit, as a killed process) on the first chunk holding a query
+    "crash trigger MARKER: ..."; it creates MARKER first, so the chunk retried on the
     restarted replica succeeds."""
 
-    def __call__(self, batch):
-        for query in batch.column("query").to_pylist():
+    def answer(self, rows):
+        for query in rows.column("query").to_pylist():
             if query and query.startswith(CRASH):
                 marker = Path(query[len(CRASH):].split(": ", 1)[0])
                 if not marker.exists():
                     marker.write_text(str(os.getpid()))
                     os._exit(1)
-        return super().__call__(batch)
+        return super().answer(rows)
 
 
 @pytest.mark.slow
@@ -131,10 +132,12 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index
     rows[17]["query"] = f"{CRASH}{marker}: Who designed the lighthouse on Skerrow?"
     rows[23] = {"id": "bad", "query": "", "entities": None}  # malformed: recorded, not fatal
     q = tmp_path / "q.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), q)
     out = tmp_path / "ray.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), q, row_group_size=13)  # 3 row groups
     report = retrieve_ray(sample_index_dir, q, out, workers=2, cpus_per_worker=0.5, top_k=4,
-                          batch_size=4, skip_bad=True, device="cpu", actor_cls=CrashOnce)
+                          batch_size=4, part_size=5, skip_bad=True, device="cpu",
+                          actor_cls=CrashOnce)
+    assert report.parts == 7  # row groups of 13, 13 and 4 rows in chunks of at most 5
     assert marker.exists()  # a replica did die mid-run
     assert (report.rows, report.answered, report.bad) == (30, 29, 1)
     bad = [json.loads(line) for line in Path(report.bad_file).read_text().splitlines()]
@@ -151,9 +154,105 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index
 def test_malformed_row_fails_the_run_naming_it(ray_local, sample_index_dir, tmp_path):
     q = tmp_path / "q.jsonl"
     q.write_text('{"id": 1, "query": "lighthouse"}\n{"id": 2}\n')
-    with pytest.raises(DataFormatError, match="'query' must be a non-empty string"):
+    with pytest.raises(DataFormatError, match=r"q\.jsonl: line at byte 33: malformed row "
+                       r"'\{\"id\": 2\}': 'query' must be a non-empty string"):
         retrieve_ray(sample_index_dir, q, tmp_path / "o.jsonl", workers=1, device="cpu")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_plan_cuts_jsonl_at_line_ends_and_parquet_by_row_groups(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hippo_gpu.distributed.ray_batch import plan_chunks
+
+    lines = [json.dumps({"id": i, "query": "q" * (i * 37 % 300)}) for i in range(50)]
+    lines[20] = ""  # blank
+    lines[30] = json.dumps({"id": 30, "query": "x" * 5000})  # longer than a chunk
+    data = ("\n".join(lines)).encode()  # no newline after the last line
+    q = tmp_path / "q.jsonl"
+    q.write_bytes(data)
+    plan = plan_chunks(q, 4)
+    assert plan[0][0] == 0 and plan[-1][1] == len(data)
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(plan, plan[1:]))  # contiguous
+    pieces = [data[lo:hi] for lo, hi in plan]
+    assert all(p.endswith(b"\n") for p in pieces[:-1])  # every chunk ends at a line end
+    assert [line for p in pieces for line in p.decode().split("\n")[:-1]] + \
+        [pieces[-1].decode().split("\n")[-1]] == lines  # every line in exactly one chunk
+    assert 8 <= len(plan) <= 20  # about 4 lines a chunk
+    assert plan_chunks(q, 4) == plan  # deterministic
+
+    pq.write_table(pa.Table.from_pylist([{"id": str(i), "query": "q"} for i in range(20)]),
+                   tmp_path / "q.parquet", row_group_size=7)
+    assert plan_chunks(tmp_path / "q.parquet", 3) == [
+        [0, 0, 3], [0, 3, 6], [0, 6, 7], [1, 0, 3], [1, 3, 6], [1, 6, 7], [2, 0, 3], [2, 3, 6]]
+
+
+@pytest.mark.slow
+def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_dir,
+                                                       sample_searcher, tmp_path):
+    """SIGKILL of the `retrieve --ray` driver (a subprocess joined to this module's Ray) after
+    some parts are committed; rerunning the same command answers only the other chunks, discards
+    a half-written part, and the output equals the local command's, every id once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from hippo_gpu.cli import app
+
+    rows = _rows(300)
+    q = _write_jsonl(tmp_path / "q.jsonl", rows, blank_after=101)
+    out = tmp_path / "ray.jsonl"
+    parts = tmp_path / "ray.jsonl.parts"
+    args = ["retrieve", "--index", str(sample_index_dir), "--queries", str(q), "--out",
+            str(out), "--top-k", "3", "--batch-size", "4", "--part-size", "10", "--device",
+            "cpu", "--threads", "1", "--workers", "1", "--cpus-per-worker", "0.5", "--ray"]
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args, address], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(parts.glob("part-*.parquet"))) < 2:
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no part committed in 180 s"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert not out.exists()
+    chunks = len(json.loads((parts / "ray-run.json").read_text())["plan"])
+    committed = list(parts.glob("part-*.parquet"))
+    assert 2 <= len(committed) < chunks
+    answered_before = sum(pq.read_table(p).column("status").to_pylist().count("ok")
+                          for p in committed)
+    # A part whose writer died before its rename: the rerun must not read it.
+    (parts / ".part-00000029.parquet.tmp-dead").write_bytes(b"half a parquet file")
+
+    # Other arguments on the same parts: refused, naming the difference.
+    with pytest.raises(DataFormatError, match="differs in top_k"):
+        retrieve_ray(sample_index_dir, q, out, top_k=4, batch_size=4, part_size=10,
+                     device="cpu")
+
+    # The same command again, in this process (Ray is up here, so --ray uses it).
+    res = CliRunner().invoke(app, [*args, "local"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    resumed = int(said.split(" from committed parts")[0].rsplit(", ", 1)[1])
+    answered = int(said.split(" answered")[0].rsplit(": ", 1)[1])
+    # (A replica of the killed driver may commit a part more before Ray stops it.)
+    assert answered_before <= resumed < len(rows) and resumed + answered == len(rows)
+    local = tmp_path / "local.jsonl"
+    retrieve_file(sample_searcher, q, local, top_k=3, batch_size=4, part_size=10,
+                  show_progress=False)
+    _assert_same(_jsonl(out), _jsonl(local))  # every id exactly once, in input order
+    assert not parts.exists()
 
 
 # --- extract --ray over two fake OpenAI-compatible endpoints ---------------------------------

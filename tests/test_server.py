@@ -28,6 +28,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 
@@ -108,6 +109,32 @@ def serving(searcher: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.
         thread.join(30)
         sock.close()
         assert not thread.is_alive(), "server thread did not stop"
+
+
+def subset_index(tmp: Path, searcher: Any, n: int) -> Any:
+    """The sample's first `n` passages indexed on their own, with a searcher of its own (its own
+    query encoder: two indexes' batcher threads never share one)."""
+    from hippo_gpu import Searcher, build_index, load_index
+    from hippo_gpu.sample import paths
+
+    files = paths()
+    corpus = json.loads(Path(files["corpus"]).read_text())[:n]
+    openie = json.loads(Path(files["openie"]).read_text())
+    build_index(corpus, openie, tmp / "index", device="cpu", encoder=searcher.encoder)
+    return Searcher(load_index(tmp / "index", device="cpu"))
+
+
+def tensor_bytes_reference(index: Any) -> int:
+    """Bytes of every tensor attribute of `index` (CSR: its three component arrays)."""
+    import torch
+
+    total = 0
+    for v in vars(index).values():
+        if isinstance(v, torch.Tensor):
+            parts = ([v.crow_indices(), v.col_indices(), v.values()] if v.is_sparse_csr
+                     else [v])  # fmt: skip
+            total += sum(p.numel() * p.element_size() for p in parts)
+    return total
 
 
 def _offline(searcher: Any, queries: list[str], top_k: int, mode: str,
@@ -508,3 +535,100 @@ def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: P
     out = proc.stdout.read().decode() if proc.stdout else ""
     assert rc == 0, out
     assert TOKEN not in out
+
+
+# ---------------------------------------------------------------------------------------------
+# several indexes
+
+
+@pytest.fixture(scope="module")
+def part_searcher(tmp_path_factory: pytest.TempPathFactory, searcher: Any) -> Any:
+    return subset_index(tmp_path_factory.mktemp("part"), searcher, 20)
+
+
+def test_two_indexes_answer_independently(searcher: Any, part_searcher: Any,
+                                          queries: list[str]) -> None:
+    """One process serves the sample ("full") and its first 20 passages ("part"): requests sent
+    at once to both get each index's own offline ranking; no index named means the first."""
+    served = {"full": searcher, "part": part_searcher}
+    config = ServerConfig(BatcherConfig(max_batch=16, max_wait_ms=50, max_queue=256))
+    sent = queries[:8]
+    requests = [(name, {"queries": [q], "top_k": 25, "mode": mode,
+                        **({} if name is None else {"index": name})})
+                for q in sent for name in ("full", "part", None)
+                for mode in ("hipporag2", "dense")]  # fmt: skip
+
+    async def send_all(url: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            return await asyncio.gather(*(client.post("/v1/retrieve", json=body)
+                                          for _, body in requests))
+
+    with serving(served, config) as (url, _), httpx.Client(base_url=url, timeout=60) as c:
+        responses = asyncio.run(send_all(url))
+        listed = c.get("/v1/indexes").json()
+        part_stats = c.get("/v1/stats", params={"index": "part"}).json()
+        full_stats = c.get("/v1/stats").json()
+        unknown = c.post("/v1/retrieve", json={"queries": ["q"], "index": "nope"})
+        bad_stats = c.get("/v1/stats", params={"index": "nope"})
+
+    differs = False
+    for (name, body), resp in zip(requests, responses, strict=True):
+        assert resp.status_code == 200, resp.text
+        index_searcher = served[name or "full"]
+        got = resp.json()["results"][0]
+        _assert_same_ranking(got, _offline(index_searcher, body["queries"], 25, body["mode"])[0])
+        if name == "part":
+            assert len(got) == 20 and {h["key"] for h in got} <= set(
+                part_searcher.index.passage_keys)
+            other = _offline(searcher, body["queries"], 25, body["mode"])[0]
+            differs |= [h["key"] for h in got] != [h["key"] for h in other][:20]
+    assert differs, "the two indexes gave the same rankings: the test would not see a mix-up"
+
+    assert listed == {"indexes": [
+        {"name": n, "version": s.index.version, "passages": len(s.index.passage_keys),
+         "memory_bytes": tensor_bytes_reference(s.index), "device": "cpu",
+         "precision": "float32"}
+        for n, s in served.items()]}  # fmt: skip
+    assert listed["indexes"][1]["memory_bytes"] < listed["indexes"][0]["memory_bytes"]
+    # per-index batchers: each counted only its own queries
+    assert part_stats["batcher"]["queries_served"] == len(sent) * 2
+    assert full_stats["batcher"]["queries_served"] == len(sent) * 4
+    assert part_stats["index"]["passage_nodes"] == 20
+    assert unknown.status_code == 422
+    assert "unknown index 'nope': this server serves 'full', 'part'" in unknown.text
+    assert bad_stats.status_code == 422
+
+
+def test_index_specs(tmp_path: Path) -> None:
+    from hippo_gpu.serve.service import parse_index_spec, parse_index_specs
+
+    a, b = tmp_path / "a", tmp_path / "x=y"
+    a.mkdir()
+    b.mkdir()
+    assert parse_index_spec(str(a)) == ("default", a)
+    assert parse_index_spec(f"main={a}") == ("main", a)
+    assert parse_index_spec(str(b)) == ("default", b)  # "/" before "=": a path
+    assert parse_index_specs([f"one={a}", f"two={b}"]) == {"one": a, "two": b}
+    with pytest.raises(ValueError, match="is not a directory"):
+        parse_index_specs([f"one={tmp_path / 'missing'}"])
+    with pytest.raises(ValueError, match="the name 'default' is given twice"):
+        parse_index_specs([str(a), str(b)])
+    with pytest.raises(ValueError, match="no directory after"):
+        parse_index_spec("one=")
+
+
+def test_cli_rejects_bad_index_specs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hippo_gpu.cli import app
+
+    (tmp_path / "a").mkdir()
+    runner = CliRunner()
+    for args, needle in (
+        (["--index", f"a={tmp_path / 'missing'}"], "is not a directory"),
+        (["--index", str(tmp_path / "a"), "--index", str(tmp_path / "a")], "given twice"),
+    ):
+        result = runner.invoke(app, ["serve", *args, "--no-warmup"])
+        assert result.exit_code == 2, result.output
+        # typer draws the error in a box and wraps it: compare the words only
+        assert needle in " ".join(result.output.replace("│", " ").split()), result.output

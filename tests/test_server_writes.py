@@ -133,3 +133,31 @@ def test_passages_without_triples_need_an_llm(setup) -> None:
         r = httpx.post(url + "/v1/passages", headers=AUTH, json=body, timeout=60)
         assert r.status_code == 422 and "--llm" in r.text
         assert len(holder.current.index.passage_keys) == 25
+
+
+def test_writes_go_to_the_named_index(setup, sample_searcher) -> None:
+    """Two indexes in one server: a write names its index and changes only that one."""
+    holder, new, full, _ = setup
+    other = SearcherHolder(sample_searcher)  # served read-only: no index directory
+    app = create_app({"live": holder, "ref": other}, ServerConfig(token=TOKEN))
+    ref_keys = list(sample_searcher.index.passage_keys)
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new, "index": "ref"})
+        assert r.status_code == 409 and "'ref' is served read-only" in r.text
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new, "index": "nope"})
+        assert r.status_code == 404 and "unknown index 'nope'" in r.text
+        assert len(holder.current.index.passage_keys) == 25  # nothing changed
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new, "index": "live"})
+        assert r.status_code == 200 and r.json()["passages_added"] == 5, r.text
+        listed = {i["name"]: i for i in c.get("/v1/indexes", headers=AUTH).json()["indexes"]}
+        assert listed["live"]["passages"] == 30 and listed["ref"]["passages"] == 30
+        assert listed["live"]["version"] == holder.current.index.version
+        # queries to "live" see the new version; "ref" is untouched
+        q = {"queries": ["Who designed the lighthouse on Skerrow?"], "top_k": 30}
+        live = c.post("/v1/retrieve", headers=AUTH, json={**q, "index": "live"}).json()
+        assert {h["key"] for h in live["results"][0]} == set(full.passage_keys)
+        r = c.request("DELETE", "/v1/passages", headers=AUTH,
+                      json={"keys": full.passage_keys[25:]})  # no index named: the first
+        assert r.status_code == 200 and r.json()["passages_removed"] == 5
+    assert len(holder.current.index.passage_keys) == 25
+    assert list(other.current.index.passage_keys) == ref_keys

@@ -77,3 +77,23 @@ def test_save_replaces_an_index_atomically_but_never_a_foreign_dir(sample_index,
     with pytest.raises(IndexFormatError, match="refusing"):
         sample_index.save(foreign)
     assert (foreign / "mine.txt").read_text() == "keep me"
+
+
+def test_streamed_safetensors_read_by_safetensors_and_by_the_memory_map(tmp_path):
+    from safetensors.torch import load_file
+
+    from hippo_gpu.store import load_safetensors_mmap, save_safetensors_stream
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"emb": torch.randn(7, 5, generator=g), "rows": torch.arange(11),
+               "empty": torch.zeros(0, 3), "flags": torch.tensor([1, 0, 1], dtype=torch.uint8),
+               "half": torch.randn(4, generator=g).half(), "scalar": torch.tensor(2.5)}
+    path = tmp_path / "x.safetensors"
+    save_safetensors_stream(tensors, path)
+    for loaded in (load_file(str(path)), load_safetensors_mmap(path)):
+        assert sorted(loaded) == sorted(tensors)
+        for name, t in tensors.items():
+            assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t), name
+    mapped = load_safetensors_mmap(path)["emb"]
+    mapped[0, 0] = 99.0  # copy-on-write: the file is unchanged
+    assert torch.equal(load_file(str(path))["emb"], tensors["emb"])

@@ -67,3 +67,49 @@ def test_knn_recall_reports_approximate_quality(vectors):
     shuffled = exact.clone()
     shuffled[:, 5:] = (shuffled[:, 5:] + 500) % 1000  # half of each row replaced: wrong ids
     assert knn_recall(vectors, shuffled, sample=1000) == pytest.approx(0.5, abs=0.02)
+
+
+def test_auto_backend_is_exact_below_the_threshold_and_approximate_above():
+    pytest.importorskip("faiss")
+    from hippo_gpu.synonyms import EXACT_BELOW, resolve_knn_backend
+
+    cpu = torch.device("cpu")
+    assert resolve_knn_backend("auto", cpu, 16_235) == "faiss-flat"  # musique_train: exact
+    assert resolve_knn_backend("auto", cpu, EXACT_BELOW - 1) == "faiss-flat"
+    assert resolve_knn_backend("auto", cpu, EXACT_BELOW) == "faiss-ivf"
+    assert resolve_knn_backend("faiss-flat", cpu, 10 * EXACT_BELOW) == "faiss-flat"
+
+
+def test_column_chunked_exact_topk_matches_the_reference(vectors):
+    from hippo_gpu.synonyms import exact_topk
+
+    rows = np.array([0, 5, 999, 123])
+    ref_s, ref_i = _reference(vectors, 9)
+    s, i = exact_topk(vectors, rows, 9, column_chunk=64)  # 16 chunks, merged
+    np.testing.assert_allclose(s, ref_s[rows], atol=1e-5)
+    assert all(set(a) == set(b) for a, b in zip(i, ref_i[rows]))
+
+
+def test_edge_recall_counts_pairs():
+    from hippo_gpu.synonyms import SynonymEdges, edge_recall
+
+    def edges(pairs):
+        a = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return SynonymEdges(a[:, 0], a[:, 1], np.ones(len(a), np.float32))
+
+    exact = edges([(0, 1), (1, 0), (2, 3), (3, 2)])
+    assert edge_recall(edges([(0, 1), (2, 3), (5, 6)]), exact) == 0.5
+    assert edge_recall(edges([]), edges([])) == 1.0
+
+
+def test_symmetrize_adds_reverse_pairs_drops_ineligible_and_caps_by_score():
+    from hippo_gpu.synonyms import SynonymEdges, symmetrize_synonym_edges
+
+    found = SynonymEdges(np.array([0, 1, 0, 0, 3]), np.array([1, 0, 2, 3, 2]),
+                         np.array([0.9, 0.9, 0.85, 0.95, 0.8], np.float32))
+    eligible = np.array([True, True, False, True])  # phrase 2 gets no list of its own
+    got = symmetrize_synonym_edges(found, eligible, max_neighbors=2)
+    pairs = {(int(s), int(d)): float(w) for s, d, w in zip(got.src, got.dst, got.score)}
+    # 0's candidates 1 (0.9), 2 (0.85), 3 (0.95): the best two; 3 gets 0 back; 2 gets nothing
+    assert pairs == pytest.approx({(0, 3): 0.95, (0, 1): 0.9, (1, 0): 0.9, (3, 0): 0.95,
+                                   (3, 2): 0.8})

@@ -62,3 +62,88 @@ def test_bad_sizes_raise() -> None:
         synthetic_graph(0)
     with pytest.raises(ValueError):
         synthetic_reset_vectors(synthetic_graph(5), 0)
+
+
+# --- synthetic corpora (users' input formats) ---------------------------------------------------
+
+
+def test_corpus_is_deterministic_by_seed(tmp_path) -> None:
+    from hippo_gpu.synthetic import synthetic_corpus
+
+    a = synthetic_corpus(400, seed=3).write(tmp_path / "a")
+    b = synthetic_corpus(400, seed=3).write(tmp_path / "b")
+    c = synthetic_corpus(400, seed=4).write(tmp_path / "c")
+    for kind in ("corpus", "openie"):
+        assert a[kind].read_bytes() == b[kind].read_bytes()
+        assert a[kind].read_bytes() != c[kind].read_bytes()
+
+
+def test_written_files_read_back_as_the_in_memory_types(tmp_path) -> None:
+    from hippo_gpu.data import read_corpus, read_openie
+    from hippo_gpu.synthetic import synthetic_corpus
+
+    corpus = synthetic_corpus(300, seed=1)
+    files = corpus.write(tmp_path)
+    passages = read_corpus(files["corpus"])
+    docs, report = read_openie(files["openie"], passages)
+    assert passages == corpus.passages()
+    assert docs == corpus.docs()
+    assert report.malformed_triples == {} and report.missing_passages == 0
+    assert report.passages_without_triples == 0
+    # every passage's text states its triples, and its title is its first subject
+    for p, d in zip(passages[:20], docs[:20]):
+        assert p.title == d.triples[0][0]
+        assert all(f"{s} {r} {o}." in p.text for s, r, o in d.triples)
+
+
+def test_statistics_of_hand_made_docs() -> None:
+    from hippo_gpu.data import OpenIEDoc
+    from hippo_gpu.synthetic import corpus_statistics
+
+    docs = [OpenIEDoc((), (("A", "is", "B"), ("A", "has", "C!"))),
+            OpenIEDoc((), (("a", "is", "D"),)),
+            OpenIEDoc((), (("E", "near", "F"), ("F", "near", "e")))]
+    s = corpus_statistics(docs)
+    # phrases a b c d e f (normalised: "A" = "a", "C!" = "c", "e" = "E"); a in 2 passages
+    assert s["facts_per_passage"] == round(5 / 3, 4)
+    assert s["phrases_per_passage"] == 2.0
+    assert s["distinct_phrases_per_passage"] == round((3 + 2 + 2) / 3, 4)
+    assert s["single_passage_phrases"] == round(5 / 6, 4)
+    assert s["max_phrase_passages"] == 2.0
+    assert s["predicates_per_passage"] == 1.0  # is, has, near
+
+
+def test_statistics_match_musique_train() -> None:
+    from hippo_gpu.embed import HashEncoder
+    from hippo_gpu.synthetic import MUSIQUE_STATISTICS, corpus_statistics, synthetic_corpus
+
+    s = corpus_statistics(synthetic_corpus(20_000, seed=0).docs(), embed=HashEncoder(64))
+    for key, want in MUSIQUE_STATISTICS.items():
+        tol = 0.03 if key == "single_passage_phrases" else 0.05 * want
+        assert abs(s[key] - want) <= tol, (key, s[key], want)
+    assert 0.3 <= s["zipf_slope"] <= 0.7  # musique_train: 0.52
+    assert 0.08 <= s["near_duplicate_phrases"] <= 0.25  # musique_train (hash:64): 0.15
+
+
+def test_statistics_of_musique_train_are_the_recorded_ones() -> None:
+    from hippo_gpu.data import read_corpus, read_openie
+    from hippo_gpu.synthetic import MUSIQUE_STATISTICS, corpus_statistics
+    from tests.conftest import musique_or_skip
+
+    data = musique_or_skip()
+    passages = read_corpus(data / "corpus.json")
+    docs, _ = read_openie(data / "openie_gpt-3.5-turbo-1106.json", passages)
+    s = corpus_statistics(docs)
+    for key, want in MUSIQUE_STATISTICS.items():
+        assert abs(s[key] - want) <= 0.01, (key, s[key], want)
+
+
+def test_corpus_bad_arguments_raise() -> None:
+    from hippo_gpu.synthetic import corpus_statistics, synthetic_corpus
+
+    with pytest.raises(ValueError, match="num_passages"):
+        synthetic_corpus(0)
+    with pytest.raises(ValueError, match="variant_rate"):
+        synthetic_corpus(10, variant_rate=1.0)
+    with pytest.raises(ValueError, match="at least one doc"):
+        corpus_statistics([])

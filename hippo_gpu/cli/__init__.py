@@ -8,17 +8,18 @@
     retrieve           cli/retrieve.py   answer a query file in batches (resumable)
     extract, qa        cli/llm.py        LLM OpenIE extraction; retrieve-then-read QA
     serve              cli/serve.py      the HTTP query server
+    mcp                cli/mcp.py        the MCP tools over stdio
 """
 
 from __future__ import annotations
 
 import typer
 
-from hippo_gpu.cli import demo, evaluate, index, llm, retrieve, serve
+from hippo_gpu.cli import demo, evaluate, index, llm, mcp, retrieve, serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA.")
-for _module in (demo, index, evaluate, retrieve, llm, serve):
+for _module in (demo, index, evaluate, retrieve, llm, serve, mcp):
     _module.register(app)
 
 

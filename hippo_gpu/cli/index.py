@@ -41,14 +41,19 @@ def index(
     out: Path = typer.Option(..., help="index directory to write (atomically)"),
     openie: Path | None = typer.Option(None, help="OpenIE JSON (HippoRAG v1 or v2 format)"),
     llm: str | None = typer.Option(None, help="extract OpenIE first with this " + LLM_HELP),
-    encoder: str = typer.Option(EncoderConfig.model, help="sentence-transformers name or path"),
+    encoder: str = typer.Option(EncoderConfig.model, help="sentence-transformers name or path, "
+                                "or hash:D (weightless test encoder, e.g. hash:64)"),
+    embeddings: Path | None = typer.Option(
+        None, help="directory of precomputed vectors: {passages,phrases,facts}.npy + .json "
+                   "(texts in row order); texts it lacks are encoded with --encoder"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
     encoder_precision: str = typer.Option(
         "float32", help="encoder compute precision while indexing: float32 | bfloat16 "
                         "(bfloat16 changes the vectors, hence the synonym edges; measure first)"),
-    knn_backend: str = typer.Option("auto", help="auto | faiss-flat | faiss-hnsw | faiss-ivf | "
-                                                 "faiss-gpu | torch"),
+    knn_backend: str = typer.Option("auto", help="auto (exact below 50k phrases, else IVF "
+                                                 "with measured recall) | faiss-flat | "
+                                                 "faiss-hnsw | faiss-ivf | faiss-gpu | torch"),
     allow_missing_openie: bool = typer.Option(
         False, help="index corpus passages the OpenIE file lacks, without triples"),
     cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
@@ -69,6 +74,7 @@ def index(
             device=device, graph=GraphConfig(knn_backend=knn_backend),
             cache_dir=cache_dir or cache_root() / "embeddings",
             allow_missing_openie=allow_missing_openie, show_progress=True,
+            embeddings=embeddings,
         )
     except (DataFormatError, ValueError) as e:
         fail(str(e))

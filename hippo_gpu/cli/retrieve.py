@@ -35,8 +35,8 @@ def retrieve(
     """Retrieve for every row of a query file; rerun after a crash to finish the same file.
 
     With --ray the rows are answered by a pool of Ray actors (hippo_gpu.distributed.ray_batch:
-    same output; worker failures are retried; a run is not resumable, and --part-size is
-    not used).
+    same output; worker failures are retried; after a crash of this process, rerun the same
+    command and it continues from the committed parts, as the local one).
     """
     from hippo_gpu.batch import retrieve_file
     from hippo_gpu.data import DataFormatError
@@ -48,8 +48,8 @@ def retrieve(
         fail(f"unknown mode {mode!r}; choose from {MODES}")
     if ray is not None:
         _retrieve_ray(ray, index, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
-                      skip_bad=skip_bad, device=device, precision=precision, threads=threads,
-                      workers=workers, cpus_per_worker=cpus_per_worker,
+                      part_size=part_size, skip_bad=skip_bad, device=device, precision=precision,
+                      threads=threads, workers=workers, cpus_per_worker=cpus_per_worker,
                       gpus_per_worker=num_gpus_per_worker)
         return
     try:
@@ -65,8 +65,8 @@ def retrieve(
 
 
 def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: str,
-                  top_k: int, batch_size: int, skip_bad: bool, device: str, precision: str,
-                  threads: int | None, workers: int, cpus_per_worker: float,
+                  top_k: int, batch_size: int, part_size: int, skip_bad: bool, device: str,
+                  precision: str, threads: int | None, workers: int, cpus_per_worker: float,
                   gpus_per_worker: float) -> None:
     from hippo_gpu.data import DataFormatError
     from hippo_gpu.index import IndexFormatError
@@ -85,15 +85,16 @@ def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: 
         report = retrieve_ray(index, queries, out, workers=workers,
                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
                               threads_per_worker=per_worker, mode=mode, top_k=top_k,
-                              batch_size=batch_size, skip_bad=skip_bad, device=device,
-                              precision=precision)
+                              batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
+                              device=device, precision=precision, show_progress=True)
     except (DataFormatError, IndexFormatError, FileNotFoundError, ValueError) as e:
         fail(str(e))
     finally:
         if started:
             ray.shutdown()
-    console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.bad} "
-                  "malformed" + (f" (see {report.bad_file})" if report.bad_file else "")
+    console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
+                  f"from committed parts, {report.bad} malformed"
+                  + (f" (see {report.bad_file})" if report.bad_file else "")
                   + f"; {report.queries_per_s:.1f} queries/s (Ray: {workers} workers x "
                   f"{per_worker} threads, actor start included)")
 

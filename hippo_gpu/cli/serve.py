@@ -11,12 +11,17 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
+
+if TYPE_CHECKING:
+    from hippo_gpu.serve.server import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +34,9 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
-    index: Path = typer.Option(
-        ..., "--index", exists=True, file_okay=False, help="index directory (from `build`)"
+    index: list[str] = typer.Option(
+        ..., "--index", help="index directory (from `build`), or NAME=DIR; repeat to serve "
+                             "several (the first is the default)"
     ),
     host: str = typer.Option("127.0.0.1", help="bind address; loopback by default"),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0 picks a free one)"),
@@ -68,17 +74,34 @@ def serve(
         None, help="with --writable: extract OpenIE for passages posted without triples"
     ),
     warmup: bool = typer.Option(True, help="run one query per mode before accepting requests"),
+    mcp: bool | None = typer.Option(
+        None, "--mcp/--no-mcp", help="MCP tools at /mcp (default: when the mcp extra is installed)"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
+    ray: str | None = typer.Option(
+        None, "--ray", metavar="ADDRESS|local",
+        help="serve on Ray Serve: 'local' starts Ray here, 'auto' or HOST:PORT joins a cluster; "
+             "each replica loads the index (on storage every node reads) and runs this server"
+    ),
+    replicas: int = typer.Option(1, min=1, help="--ray: replicas, each holding one index"),
+    cpus_per_replica: float = typer.Option(1.0, min=0.0, help="--ray: Ray CPUs per replica"),
+    gpus_per_replica: float = typer.Option(0.0, min=0.0, help="--ray: GPUs per replica"),
 ) -> None:
-    """Serve POST /v1/retrieve, /healthz, /readyz, /v1/stats and /docs for one index."""
+    """Serve POST /v1/retrieve, /v1/stats, /v1/indexes, /metrics, /mcp, /healthz, /readyz and
+    /docs for one or several indexes."""
     import uvicorn
 
     from hippo_gpu.device import set_threads
     from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
     from hippo_gpu.serve.server import ServerConfig, create_app
+    from hippo_gpu.serve.service import parse_index_specs
     from hippo_gpu.serve.writes import SearcherHolder
 
+    try:
+        indexes = parse_index_specs(index)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
     token = os.environ.get(token_env) or None
     try:
         config = ServerConfig(
@@ -89,6 +112,7 @@ def serve(
             max_entity_chars=max_entity_chars,
             max_top_k=max_top_k,
             token=token,
+            mcp=mcp,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
@@ -99,23 +123,59 @@ def serve(
         )
     if writable and token is None:
         raise typer.BadParameter(f"--writable needs a token: set {token_env}")
+    if ray is not None:
+        _serve_on_ray(ray, indexes, config, writable=writable, host=host, port=port,
+                      replicas=replicas, cpus=cpus_per_replica, gpus=gpus_per_replica,
+                      device=device, precision=precision, query_precision=query_precision,
+                      query_backend=query_backend, threads=threads, warmup=warmup)
+        return
     set_threads(threads)
-    typer.echo(f"loading index from {index} on {device} ({precision}) ...", err=True)
+    holders: dict[str, SearcherHolder] = {}
+    for name, path in indexes.items():  # each index: its own searcher (and query encoder)
+        typer.echo(f"loading index {name!r} from {path} on {device} ({precision}) ...", err=True)
+        try:
+            searcher = Searcher(load_index(path, device=device, precision=precision),
+                                query_precision=query_precision, query_backend=query_backend)
+        except ValueError as e:
+            raise typer.BadParameter(f"--index {path}: {e}") from e
+        if warmup:
+            # Load the query encoder and build the solvers now, so /readyz means ready and the
+            # first client does not pay for it.
+            searcher.warm_up(("dense", "hipporag2"))
+        holders[name] = SearcherHolder(
+            searcher, path if writable else None, device=device, llm=llm,
+            llm_cache=path.parent / f"{path.name}.llm-cache.sqlite")
     try:
-        searcher = Searcher(load_index(index, device=device, precision=precision),
-                            query_precision=query_precision, query_backend=query_backend)
-    except ValueError as e:
+        app = create_app(holders, config)
+    except ImportError as e:  # --mcp without the mcp extra
         raise typer.BadParameter(str(e)) from e
-    if warmup:
-        # Load the query encoder and build the solvers now, so /readyz means ready and the first
-        # client does not pay for it.
-        searcher.warm_up(("dense", "hipporag2"))
-    holder = SearcherHolder(searcher, index if writable else None, device=device, llm=llm,
-                            llm_cache=index.parent / f"{index.name}.llm-cache.sqlite")
-    app = create_app(holder, config)
     # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
     # app's lifespan drains the batcher.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+
+
+def _serve_on_ray(address: str, indexes: Mapping[str, Path], config: ServerConfig, *,
+                  writable: bool, host: str, port: int, replicas: int, cpus: float, gpus: float,
+                  device: str, precision: str, query_precision: str | None, query_backend: str,
+                  threads: int | None, warmup: bool) -> None:
+    """`serve --ray`: the same app on Ray Serve replicas (hippo_gpu.distributed.ray_serve)."""
+    if len(indexes) != 1:
+        raise typer.BadParameter("--ray serves one index: give a single --index DIR")
+    if writable:
+        raise typer.BadParameter("--writable is not available with --ray: a write would change "
+                                 "one replica's index only")
+    (path,) = indexes.values()
+    try:
+        from hippo_gpu.distributed.ray_serve import ReplicaSpec, serve_until_signal
+
+        spec = ReplicaSpec(str(Path(path).resolve()), config, device=device, precision=precision,
+                           query_precision=query_precision, query_backend=query_backend,
+                           threads=threads or max(1, round(cpus)), warmup=warmup)
+        serve_until_signal(address, spec, host=host, port=port, replicas=replicas,
+                           cpus_per_replica=cpus, gpus_per_replica=gpus,
+                           say=lambda line: typer.echo(line, err=True))
+    except (ImportError, ValueError, FileNotFoundError, ConnectionError) as e:
+        raise typer.BadParameter(f"--ray {address}: {e}") from e
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,9 +1,13 @@
-"""Ray back ends of the batch jobs: `hippo-gpu retrieve --ray` and `hippo-gpu extract --ray`.
+"""Ray back ends: `hippo-gpu retrieve --ray`, `hippo-gpu extract --ray`, `hippo-gpu serve --ray`.
 
-    ray_batch.py    retrieve_ray: Ray Data reads a query file, an actor pool (each actor loads
-                    the index once) answers it, committed Parquet parts are joined into OUT
+    ray_batch.py    retrieve_ray: a query file cut into chunks, an actor pool (each actor loads
+                    the index once) answers and commits each chunk as a Parquet part, the parts
+                    are joined into OUT; a rerun after a crash answers only the missing chunks
     ray_extract.py  extract_openie_ray: passages sharded over Ray tasks, round-robin over several
                     LLM endpoints; the driver owns the content-addressed cache
+    ray_serve.py    deploy / serve_until_signal: the HTTP server (hippo_gpu.serve.server's app,
+                    micro-batcher included) replicated on Ray Serve, the index loaded once per
+                    replica
 
 Ray is optional (the `[ray]` extra) and is imported only inside this package; nothing in the core
 imports this package. The names below load their module (and so Ray) on first use.

@@ -1,58 +1,52 @@
-"""Batch retrieval of a query file on a Ray cluster (`hippo-gpu retrieve --ray`).
+"""Batch retrieval of a query file on a Ray cluster (`hippo-gpu retrieve --ray`), resumable.
 
 Same input and output as hippo_gpu.batch (the local command): rows {"id", "query",
 "entities"?} as JSON Lines or Parquet in; {"id", "keys", "titles", "scores"} per row, in input
 order, out, JSON Lines or Parquet by OUT's suffix. The answers equal the local command's (same
 keys in the same order; scores equal up to float rounding of a different batch composition).
 
-Data flow (Ray Data, streaming; blocks move through the object store, not the driver):
+Data flow:
 
-    read        JSON Lines: read_text (one row per line, blank lines kept so that a line's
-                position is its line number); Parquet: read_parquet
-    _order      monotonically_increasing_id: increasing in input position (execution keeps the
-                input order, so task ids follow it); the join sorts and ranks by it
-    parse       _Parse (a light task): each row checked by hippo_gpu.batch.check_row, the
-                local command's rule; blocks cut to batch_size rows (a generator map), so one
-                large file is spread over the whole pool instead of landing on one actor
-    answer      map_batches(IndexActor, ActorPoolStrategy(size=N)): each actor loads the index
-                ONCE (load_index + Searcher in __init__) and answers batch_size rows per call
-                with hippo_gpu.batch.answer_rows, the local command's code
-    commit      write_datasink(_PartSink): every output block becomes OUT.parts/part-<first
-                _order>.parquet, written to a temporary name and renamed
-    join        the driver reads the parts in _order (a manifest of the committed parts comes
-                back from the sink; parts whose ranges overlap are merged), refuses a position
-                seen twice, and writes OUT with hippo_gpu.batch.write_answers (atomic, the
-                local format), then removes OUT.parts
+    plan    the driver cuts the input into chunks of about `part_size` rows without reading it
+            through: JSON Lines by byte ranges that end at a line end (seek to the next multiple
+            of the chunk's bytes, read on to the end of that line; chunk bytes = part_size x the
+            mean line length of the file's first MiB), Parquet by slices of its row groups (from
+            the footer). The plan is saved with the arguments in OUT.parts/ray-run.json.
+    answer  Ray Data: from_items(chunks, one block each) -> map_batches(IndexActor,
+            batch_size=1, ActorPoolStrategy(size=N)). Each actor loads the index ONCE; per chunk
+            it reads the chunk's rows from the query file, checks them with
+            hippo_gpu.batch.check_row (the local command's rule), answers them with
+            hippo_gpu.batch.answer_rows (the local command's code) in batches of batch_size, and
+            commits OUT.parts/part-<chunk>.parquet (temporary name, fsync, rename). It returns one
+            small manifest row per chunk, which the driver streams (progress, counts).
+    join    the driver reads part 0, 1, 2, ... in order, checks that input positions only
+            increase, and writes OUT with hippo_gpu.batch.write_answers (atomic, the local
+            format); then it removes OUT.parts.
 
-Retries and exactly-once. An actor that dies (killed, OOM, os._exit) is restarted by Ray up to
-`max_restarts` times and its in-flight batches are resubmitted (`max_task_retries`); a batch's
-output block exists only once its task returned, so a retried batch is counted once. A write
-task that dies is retried by Ray Data; its parts are named by their first input position, so a
-retry renames identical content over the same name. The join uses only the manifest of the
-write tasks that succeeded and refuses an input position seen twice. Every input row therefore
-appears exactly once in OUT (an answer, or for a malformed row a line in OUT.bad.jsonl with
---skip-bad).
+Exactly once. A part holds exactly the rows of its chunk and is named by the chunk, and a chunk's
+rows are fixed by the saved plan, so no row can be in two parts and a part is complete or absent:
+- a killed actor (killed, OOM, os._exit): Ray restarts it (up to `max_restarts`) and resubmits its
+  chunks (`max_task_retries`); a chunk committed twice renames the same rows over the same name.
+- a killed driver (or a lost cluster): the run stops; committed parts stay. Rerunning the same
+  command finds ray-run.json with the same arguments and the same query file (size, mtime) and
+  index version, removes the temporary files of unfinished parts and submits only the chunks
+  that have no part. A rerun with other arguments is refused, naming what differs.
+Every input row therefore appears exactly once in OUT (an answer, or for a malformed row a line
+in OUT.bad.jsonl with `skip_bad`). Without `skip_bad` a malformed row fails the run with
+DataFormatError naming the row (its byte offset in a JSON Lines file, its row number in a Parquet
+file) and no output is written; the parts already committed stay for a rerun.
 
-Shared storage. The index directory and the query file are read by the workers and OUT.parts
-is written by them, so on a cluster of several machines all three must be on storage that every
-node mounts at the same path (NFS, a cluster file system); the driver then reads OUT.parts and
-writes OUT. On one machine any local path works.
+Shared storage. The index directory and the query file are read by the workers and OUT.parts is
+written by them, so on a cluster of several machines all three must be on storage that every
+node mounts at the same path (NFS, a cluster file system). On one machine any local path works.
 
-Not resumable. Ray retries failed workers within a run, but a run whose driver dies starts
-over (a rerun removes the Ray parts it finds); the local command is the resumable one.
-Malformed rows: with skip_bad they are recorded (OUT.bad.jsonl, as the local command); without
-it the parse step fails the run on the first one with DataFormatError quoting the row (no
-output is written).
-
-Resources. Reading, numbering, parsing and committing reserve no CPU; Ray Data starts the
-pool before them, and its file listing for Parquet still takes a whole CPU, so the pool must
-leave one CPU of the cluster free (checked). Threads per replica are set apart from its Ray
-CPUs (`threads_per_worker`): Ray's CPU count is a reservation, torch's threads are real.
+Resources. Only the actors reserve CPUs (no read or write tasks), so the pool may take every CPU
+of the cluster. Threads per replica are set apart from its Ray CPUs (`threads_per_worker`): Ray's
+CPU count is a reservation, torch's threads are real.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import re
@@ -60,7 +54,7 @@ import shutil
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,21 +62,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
-from ray.data import Datasink
-from ray.data.block import BlockAccessor
-from ray.data.expressions import monotonically_increasing_id
 
 from hippo_gpu.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.progress import progress
 
-__all__ = ["IndexActor", "retrieve_ray"]
+__all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
 
 RUN_FILE = "ray-run.json"  # marks OUT.parts as a Ray run's (the local command writes run.json)
+PART = "part-{:08d}.parquet"  # the committed answers of one chunk
+SAMPLE_BYTES = 1 << 20  # JSON Lines: the mean line length is measured on the first MiB
+ROW_BITS = 32  # _order = chunk << ROW_BITS | row within the chunk
 
-# Rows between the stages, one per input line/row. status: "ok", "bad" (malformed; `error`
-# says why), "blank" (an empty JSONL line: no row, but it counts for line numbers). `id` is the
-# input id as JSON text, so 1 and "1" stay apart as in the local command's JSONL output.
+# Rows of a chunk, one per input line (JSON Lines, blank lines included so the join can number
+# lines) or row (Parquet). status: "ok", "bad" (malformed; `error` says why), "blank" (an empty
+# line). `id` is the input id as JSON text, so 1 and "1" stay apart as in the local command.
 ROW_SCHEMA = pa.schema([
     ("_order", pa.int64()),
     ("status", pa.string()),
@@ -102,66 +97,46 @@ OUT_SCHEMA = pa.schema([
 ])
 
 
-@dataclass(frozen=True)
-class _Parse:
-    """A block of input -> checked rows (ROW_SCHEMA) in slices of at most `rows` rows, each
-    its own block: one large input block is spread over the whole pool. Malformed rows fail
-    the run here, before any replica works on them, unless `skip_bad`."""
-
-    kind: str  # "jsonl" (column `text`, one line per row) or "parquet" (id, query, entities?)
-    source: str
-    skip_bad: bool
-    rows: int
-
-    def __call__(self, block: pa.Table) -> Iterator[pa.Table]:
-        orders = block.column("_order").to_pylist()
-        if self.kind == "jsonl":
-            raws: list[Any] = block.column("text").to_pylist()
-        else:
-            raws = block.drop_columns(["_order"]).to_pylist()
-        cols: dict[str, list[Any]] = {k: [] for k in ROW_SCHEMA.names}
-        for order, raw in zip(orders, raws):
-            status, rid, query, ents, problem = self._check(raw)
-            if problem is not None and not self.skip_bad:
-                text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
-                raise DataFormatError(f"{self.source}: malformed row {text[:120]!r}: {problem} "
-                                      "(--skip-bad records such rows and goes on)")
-            for k, v in zip(ROW_SCHEMA.names, (order, status, rid, query, ents, problem)):
-                cols[k].append(v)
-        table = pa.Table.from_pydict(cols, schema=ROW_SCHEMA)
-        for lo in range(0, table.num_rows, self.rows):
-            yield table.slice(lo, self.rows)
-
-    def _check(self, raw: Any) -> tuple[str, str | None, str | None, list[str] | None,
-                                        str | None]:
-        """(status, id as JSON, query, entities, problem)."""
-        if self.kind == "jsonl":
-            if not raw.strip():
-                return "blank", None, None, None, None
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as e:
-                return "bad", None, None, None, f"not JSON ({e.msg})"
-        try:
-            rid, query, ents = check_row(raw)
-        except DataFormatError as e:
-            return "bad", None, None, None, str(e)
-        return "ok", json.dumps(rid), query, list(ents) if ents is not None else None, None
+def plan_chunks(queries: Path, part_size: int) -> list[list[int]]:
+    """The chunks of `queries`, about `part_size` rows each, found without reading the file
+    through: JSON Lines: [start byte, stop byte) ranges ending at a line end; Parquet:
+    [row group, first row, stop row) slices of row groups. Deterministic for a given file."""
+    if queries.suffix == ".parquet":
+        meta = pq.ParquetFile(queries).metadata
+        return [[g, lo, min(lo + part_size, meta.row_group(g).num_rows)]
+                for g in range(meta.num_row_groups)
+                for lo in range(0, meta.row_group(g).num_rows, part_size)]
+    size = queries.stat().st_size
+    with queries.open("rb") as f:
+        sample = f.read(SAMPLE_BYTES)
+        mean_line = len(sample) / max(1, sample.count(b"\n"))
+        step = max(1, round(part_size * mean_line))
+        bounds = [0]
+        while bounds[-1] < size:
+            f.seek(bounds[-1] + step - 1)
+            f.readline()  # to the end of the line holding the step's last byte
+            bounds.append(min(f.tell(), size))
+    return [[lo, hi] for lo, hi in zip(bounds, bounds[1:])]
 
 
 class IndexActor:
-    """One replica: loads the index once (in __init__), then answers batches of checked rows
-    (ROW_SCHEMA) with the local command's code; rows that are not "ok" pass through.
+    """One replica: loads the index once (in __init__), then, per call, answers whole chunks of
+    the query file and commits each as one part (see the module docstring).
 
     Args:
         index: index directory (readable on this worker's node).
+        index_version: the version the driver planned with (a different one raises).
+        queries, kind: the query file and "jsonl" or "parquet".
+        parts: OUT.parts, where committed parts go.
+        skip_bad: record malformed rows in the part instead of failing the chunk.
         threads: torch threads of this replica.
         device, precision: forwarded to load_index.
         mode, top_k, batch_size: as Searcher.rank / the local command.
     """
 
-    def __init__(self, index: str, *, threads: int, device: str, precision: str, mode: str,
-                 top_k: int, batch_size: int) -> None:
+    def __init__(self, index: str, *, index_version: int | None, queries: str, kind: str,
+                 parts: str, skip_bad: bool, threads: int, device: str, precision: str,
+                 mode: str, top_k: int, batch_size: int) -> None:
         from hippo_gpu.device import set_threads
         from hippo_gpu.index import load_index
         from hippo_gpu.search import Searcher
@@ -169,60 +144,120 @@ class IndexActor:
         set_threads(threads)
         t0 = time.perf_counter()
         self.searcher = Searcher(load_index(index, device=device, precision=precision))
+        if self.searcher.index.version != index_version:
+            raise RuntimeError(f"{index}: version {self.searcher.index.version} loaded, the run "
+                               f"was planned on version {index_version} (a commit in between)")
         # The query encoder loads on first use: load it now, so a replica is ready (and holds
         # its full memory) before Ray sends it work.
         self.searcher.rank(["warm-up"], top_k=1, mode="dense")
         self.load_seconds = time.perf_counter() - t0
+        self.queries, self.kind, self.parts = Path(queries), kind, Path(parts)
+        self.skip_bad = skip_bad
         self.mode, self.top_k, self.batch_size = mode, top_k, batch_size
+        self._group: tuple[int, pa.Table] | None = None  # Parquet: the last row group read
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = batch.to_pylist()
+    def __call__(self, chunks: pa.Table) -> pa.Table:
+        """Chunk descriptors (chunk, span) -> one manifest row per committed part."""
+        done: dict[str, list[int]] = {"chunk": [], "rows": [], "answered": [], "bad": []}
+        for chunk, span in zip(chunks.column("chunk").to_pylist(),
+                               chunks.column("span").to_pylist()):
+            answers = self.answer(self.read(chunk, span))
+            _commit(self.parts / PART.format(chunk), answers)
+            status = answers.column("status").to_pylist()
+            done["chunk"].append(chunk)
+            done["rows"].append(answers.num_rows - status.count("blank"))
+            done["answered"].append(status.count("ok"))
+            done["bad"].append(status.count("bad"))
+        return pa.Table.from_pydict(done)
+
+    def read(self, chunk: int, span: list[int]) -> pa.Table:
+        """The checked rows (ROW_SCHEMA) of one chunk. A malformed row raises DataFormatError
+        naming it, unless skip_bad (then it becomes a "bad" row)."""
+        cols: dict[str, list[Any]] = {k: [] for k in ROW_SCHEMA.names}
+        for j, (where, raw) in enumerate(self._raw_rows(span)):
+            status, rid, query, ents, problem = _check(raw)
+            if problem is not None and not self.skip_bad:
+                text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+                raise DataFormatError(f"{where}: malformed row {text[:120]!r}: {problem} "
+                                      "(--skip-bad records such rows and goes on)")
+            for k, v in zip(ROW_SCHEMA.names,
+                            (chunk << ROW_BITS | j, status, rid, query, ents, problem)):
+                cols[k].append(v)
+        return pa.Table.from_pydict(cols, schema=ROW_SCHEMA)
+
+    def _raw_rows(self, span: list[int]) -> Iterator[tuple[str, Any]]:
+        """(where, raw row) per line or row of the span: raw is a line's text, or a row's
+        dict, or a DataFormatError for a line that is not UTF-8."""
+        if self.kind == "jsonl":
+            start, stop = span
+            with self.queries.open("rb") as f:
+                f.seek(start)
+                data = f.read(stop - start)
+            offset = start
+            for line in data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n"):
+                where = f"{self.queries}: line at byte {offset}"
+                offset += len(line) + 1
+                try:
+                    yield where, line.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield where, DataFormatError("not UTF-8")
+            return
+        group, lo, hi = span
+        if self._group is None or self._group[0] != group:
+            pf = pq.ParquetFile(self.queries)
+            first = sum(pf.metadata.row_group(g).num_rows for g in range(group))
+            cols = [c for c in ("id", "query", "entities") if c in pf.schema_arrow.names]
+            self._group = (group, pf.read_row_group(group, columns=cols).append_column(
+                "_row", pa.array(range(first, first + pf.metadata.row_group(group).num_rows),
+                                 pa.int64())))
+        for row in self._group[1].slice(lo, hi - lo).to_pylist():
+            yield f"{self.queries} row {row.pop('_row')}", row
+
+    def answer(self, rows: pa.Table) -> pa.Table:
+        """Checked rows (ROW_SCHEMA) -> answers (OUT_SCHEMA); rows not "ok" pass through."""
+        table = rows.to_pylist()
         todo = [QueryRow(r["_order"], r["id"], r["query"],
                          tuple(r["entities"]) if r["entities"] is not None else None)
-                for r in rows if r["status"] == "ok"]
+                for r in table if r["status"] == "ok"]
         answers = iter(answer_rows(self.searcher, todo, mode=self.mode, top_k=self.top_k,
                                    batch_size=self.batch_size))
         cols: dict[str, list[Any]] = {k: [] for k in ("keys", "titles", "scores")}
-        for r in rows:
+        for r in table:
             a = next(answers) if r["status"] == "ok" else None
             for k in cols:
                 cols[k].append(a[k] if a else None)
-        return pa.Table.from_pydict({"_order": batch.column("_order"),
-                                     "status": batch.column("status"),
-                                     "id": batch.column("id"), **cols,
-                                     "error": batch.column("error")}, schema=OUT_SCHEMA)
+        return pa.Table.from_pydict({"_order": rows.column("_order"),
+                                     "status": rows.column("status"),
+                                     "id": rows.column("id"), **cols,
+                                     "error": rows.column("error")}, schema=OUT_SCHEMA)
 
 
-class _PartSink(Datasink[list[dict[str, Any]]]):
-    """Commits each block as part-<first _order>.parquet (temporary name + rename); the driver
-    gets the manifest of the committed parts in `on_write_complete`."""
+def _check(raw: Any) -> tuple[str, str | None, str | None, list[str] | None, str | None]:
+    """(status, id as JSON, query, entities, problem) of one raw line (str) or row (dict)."""
+    if isinstance(raw, DataFormatError):
+        return "bad", None, None, None, str(raw)
+    if isinstance(raw, str):
+        if not raw.strip():
+            return "blank", None, None, None, None
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return "bad", None, None, None, f"not JSON ({e.msg})"
+    try:
+        rid, query, ents = check_row(raw)
+    except DataFormatError as e:
+        return "bad", None, None, None, str(e)
+    return "ok", json.dumps(rid), query, list(ents) if ents is not None else None, None
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self.manifest: list[dict[str, Any]] = []
 
-    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:
-        folder = Path(self.folder)
-        done = []
-        for block in blocks:
-            table = BlockAccessor.for_block(block).to_arrow()
-            if table.num_rows == 0:
-                continue
-            table = table.sort_by("_order")
-            first = table.column("_order")[0].as_py()
-            last = table.column("_order")[-1].as_py()
-            name = f"part-{first:020d}.parquet"
-            tmp = folder / f".{name}.tmp-{uuid.uuid4().hex}"
-            pq.write_table(table, tmp)
-            os.replace(tmp, folder / name)
-            done.append({"file": name, "first": first, "last": last, "rows": table.num_rows})
-        return done
-
-    def on_write_complete(self, write_result: Any) -> None:
-        self.manifest = [p for ret in write_result.write_returns for p in ret]
-
-    def get_name(self) -> str:
-        return "hippo_gpu_parts"
+def _commit(path: Path, table: pa.Table) -> None:
+    """Write `table` to `path` atomically: a temporary name in the same folder, fsync, rename.
+    A rerun removes the temporary files of writers that died."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    pq.write_table(table, tmp)
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -230,54 +265,37 @@ class _Join:
     """Walks the committed parts in input order; collects the malformed rows."""
 
     parts: Path
-    manifest: list[dict[str, Any]]
+    chunks: int
     source: Path
     kind: str
+    resumed_chunks: frozenset[int]
     bad: list[dict[str, Any]]
     rows: int = 0
+    resumed: int = 0  # answered rows found in parts committed before this run
 
     def answers(self) -> Iterator[dict[str, Any]]:
         position = 0  # lines (JSONL, blank ones included) or rows (Parquet) seen so far
         last = -1
-        for r in self._rows_in_order():
-            if r["_order"] <= last:
-                raise RuntimeError(f"Ray output holds input position {r['_order']} twice")
-            last = r["_order"]
-            position += 1
-            if r["status"] == "blank":
-                continue
-            self.rows += 1
-            if r["status"] == "bad":
-                where = (f"{self.source}:{position}" if self.kind == "jsonl"
-                         else f"{self.source} row {position - 1}")
-                self.bad.append({"row": self.rows - 1, "where": where,
-                                 "error": f"{where}: {r['error']}"})
-                continue
-            yield {"id": json.loads(r["id"]), "keys": r["keys"], "titles": r["titles"],
-                   "scores": r["scores"]}
-
-    def _rows_in_order(self) -> Iterator[dict[str, Any]]:
-        """Rows of all parts by _order. Parts are sorted inside; parts whose ranges overlap
-        (Ray may hand a write task blocks of several answer tasks) are merged, one group of
-        overlapping parts in memory at a time."""
-        parts = sorted({p["file"]: p for p in self.manifest}.values(),  # a name counts once
-                       key=lambda p: p["first"])
-        groups: list[list[dict[str, Any]]] = []
-        end = -1
-        for p in parts:
-            if not groups or p["first"] > end:
-                groups.append([])
-            groups[-1].append(p)
-            end = max(end, p["last"])
-        for group in groups:
-            yield from heapq.merge(*(self._read(p) for p in group), key=lambda r: r["_order"])
-
-    def _read(self, part: dict[str, Any]) -> list[dict[str, Any]]:
-        table = pq.read_table(self.parts / part["file"])
-        if table.num_rows != part["rows"]:
-            raise RuntimeError(f"{part['file']}: {table.num_rows} rows, the writer reported "
-                               f"{part['rows']}")
-        return table.to_pylist()
+        for chunk in range(self.chunks):
+            table = pq.read_table(self.parts / PART.format(chunk), schema=OUT_SCHEMA)
+            for r in table.to_pylist():
+                if r["_order"] <= last or r["_order"] >> ROW_BITS != chunk:
+                    raise RuntimeError(f"{self.parts / PART.format(chunk)}: input position "
+                                       f"{r['_order']} out of place")
+                last = r["_order"]
+                position += 1
+                if r["status"] == "blank":
+                    continue
+                self.rows += 1
+                if r["status"] == "bad":
+                    where = (f"{self.source}:{position}" if self.kind == "jsonl"
+                             else f"{self.source} row {position - 1}")
+                    self.bad.append({"row": self.rows - 1, "where": where,
+                                     "error": f"{where}: {r['error']}"})
+                    continue
+                self.resumed += chunk in self.resumed_chunks
+                yield {"id": json.loads(r["id"]), "keys": r["keys"], "titles": r["titles"],
+                       "scores": r["scores"]}
 
 
 def _user_error(e: BaseException) -> DataFormatError | None:
@@ -289,6 +307,43 @@ def _user_error(e: BaseException) -> DataFormatError | None:
     """
     found = re.findall(r"hippo_gpu\.data\.DataFormatError: (.+)", str(e))
     return DataFormatError(found[-1].strip()) if found else None
+
+
+def _run_identity(queries: Path, index: Path, kind: str, mode: str, top_k: int,
+                  part_size: int) -> dict[str, Any]:
+    from hippo_gpu.store import read_manifest
+
+    st = queries.stat()
+    return {"queries": str(queries), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "kind": kind, "index": str(index), "index_version": read_manifest(index).get("version"),
+            "mode": mode, "top_k": top_k, "part_size": part_size}
+
+
+def _open_run(parts: Path, identity: dict[str, Any], queries: Path) -> list[list[int]]:
+    """The plan of this run: the saved one when OUT.parts holds the same run (its temporary
+    files removed), else a new one (OUT.parts created). Refuses parts of another run."""
+    run_file = parts / RUN_FILE
+    if parts.exists() and not run_file.exists():
+        if (parts / "run.json").exists():
+            raise DataFormatError(f"{parts} holds parts of a local run; finish it with the "
+                                  "local command or remove it")
+        raise DataFormatError(f"{parts} exists but holds no {RUN_FILE}; remove it")
+    if run_file.exists():
+        saved = json.loads(run_file.read_text(encoding="utf-8"))
+        before = saved.get("identity", {})  # none: an earlier release's Ray run
+        diff = sorted(k for k in identity if before.get(k) != identity[k])
+        if diff:
+            raise DataFormatError(f"{parts} holds parts of another run (differs in "
+                                  f"{', '.join(diff)}); rerun that command or remove it")
+        for tmp in parts.glob(".part-*.tmp-*"):  # a writer died before its rename
+            tmp.unlink(missing_ok=True)
+        return [list(c) for c in saved["plan"]]
+    plan = plan_chunks(queries, identity["part_size"])
+    parts.mkdir(parents=True)
+    tmp = parts / f".{RUN_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"identity": identity, "plan": plan}), encoding="utf-8")
+    os.replace(tmp, run_file)
+    return plan
 
 
 def retrieve_ray(
@@ -303,34 +358,42 @@ def retrieve_ray(
     mode: str = "hipporag2",
     top_k: int = 10,
     batch_size: int = 64,
+    part_size: int = 4096,
     skip_bad: bool = False,
     device: str = "auto",
     precision: str = "float32",
     max_restarts: int = 3,
     max_task_retries: int = 3,
+    show_progress: bool = False,
     actor_cls: type[IndexActor] = IndexActor,
 ) -> BatchReport:
-    """Answer every row of `queries` into `out` on the connected Ray cluster (see the module
-    docstring; `ray.init` first, or let Ray Data start a local instance).
+    """Answer every row of `queries` into `out` on the connected Ray cluster; rerun the same
+    call after a crash to finish it (see the module docstring; `ray.init` first, or let Ray
+    Data start a local instance).
 
     Args:
         index: index directory, on storage every worker reads.
         queries: JSON Lines or Parquet file of rows {"id", "query", "entities"?}.
-        out: .jsonl or .parquet; OUT.parts (beside it) holds the parts while the run lasts.
+        out: .jsonl or .parquet; OUT.parts (beside it) holds the parts until the join.
         workers: actors in the pool, one index replica each.
         cpus_per_worker, gpus_per_worker: Ray resources of one actor (a GPU actor loads the
             index onto the GPU Ray gives it when device is "auto" or "cuda").
         threads_per_worker: torch threads per actor (default: cpus_per_worker, at least 1).
-        max_restarts, max_task_retries: Ray's retries of a dead actor and of its batches.
+        part_size: rows per chunk, the unit of work and of commit (about, for JSON Lines).
+        max_restarts, max_task_retries: Ray's retries of a dead actor and of its chunks.
+        show_progress: a progress bar of answered queries on the driver.
         actor_cls: the replica class (a subclass can add instrumentation; tests inject faults).
 
     Returns:
-        BatchReport (rows, answered, bad, parts, seconds including the actors' start).
+        BatchReport: rows, answered (in this run), resumed (from parts committed before), bad,
+        parts, seconds (including the actors' start).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    if min(top_k, batch_size, workers) < 1:
-        raise ValueError("top_k, batch_size and workers must be >= 1")
+    if min(top_k, batch_size, workers, part_size) < 1:
+        raise ValueError("top_k, batch_size, workers and part_size must be >= 1")
+    if part_size >= 1 << ROW_BITS:
+        raise ValueError(f"part_size must be < 2**{ROW_BITS}")
     if cpus_per_worker < 0 or gpus_per_worker < 0:
         raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
     index, queries, out = Path(index).resolve(), Path(queries).resolve(), Path(out).resolve()
@@ -341,68 +404,57 @@ def retrieve_ray(
     kind = "parquet" if queries.suffix == ".parquet" else "jsonl"
     threads = threads_per_worker or max(1, round(cpus_per_worker))
     cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else None
-    if cpus is not None and workers * cpus_per_worker > cpus - 1:
-        # Ray Data starts the pool first; some of its read steps (listing Parquet files) ask
-        # for a whole CPU, and would wait forever behind a pool that holds them all.
-        raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs leave less than one of "
-                         f"the cluster's {cpus:g} CPUs for Ray Data's read and write tasks; "
-                         "lower cpus_per_worker (threads_per_worker sets the torch threads)")
+    if cpus is not None and workers * cpus_per_worker > cpus:
+        raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs exceed the cluster's "
+                         f"{cpus:g} CPUs; lower cpus_per_worker (threads_per_worker sets the "
+                         "torch threads)")
     parts = out.with_name(out.name + ".parts")
-    if parts.exists():
-        if not (parts / RUN_FILE).exists():
-            raise DataFormatError(f"{parts} holds parts of a local run; finish it with the "
-                                  "local command or remove it")
-        shutil.rmtree(parts)  # an interrupted Ray run: not resumable, start over
-    parts.mkdir(parents=True)
-    (parts / RUN_FILE).write_text(json.dumps({"queries": str(queries), "index": str(index),
-                                              "mode": mode, "top_k": top_k}))
+    identity = _run_identity(queries, index, kind, mode, top_k, part_size)
+    plan = _open_run(parts, identity, queries)
+    committed = frozenset(int(p.name[5:13]) for p in parts.glob("part-*.parquet"))
+    todo = [{"chunk": i, "span": span} for i, span in enumerate(plan) if i not in committed]
     report = BatchReport()
     start = time.perf_counter()
-    data = ray.data.DataContext.get_current()
-    saved = data.execution_options.preserve_order
-    data.execution_options.preserve_order = True  # keeps task ids, so _order, in input order
-    try:
-        # Reading, numbering, splitting and committing are light I/O: they reserve no CPU, so
-        # a pool that takes every CPU of the cluster cannot starve its own input (deadlock).
-        if kind == "jsonl":
-            ds = ray.data.read_text(str(queries), drop_empty_lines=False, num_cpus=0)
-        else:
-            ds = ray.data.read_parquet(str(queries), num_cpus=0)
-        ds = ds.with_column("_order", monotonically_increasing_id(), num_cpus=0)
-        # Checked rows in blocks of batch_size (Ray's streaming repartition would reserve a
-        # CPU: see above).
-        ds = ds.map_batches(_Parse(kind, str(queries), skip_bad, batch_size), batch_size=None,
-                            batch_format="pyarrow", num_cpus=0)
+    if todo:
+        bar = progress(total=None, desc="retrieve --ray", unit="q", disable=not show_progress)
+        # A chunk per block, so chunks spread over the pool one by one.
+        ds: ray.data.Dataset = ray.data.from_items(todo, override_num_blocks=len(todo))
         with warnings.catch_warnings():
             # Ray 2.60 marks the catch-all remote args deprecated but names no other way to
-            # bound an actor's restarts (its default is unbounded: a batch that kills every
+            # bound an actor's restarts (its default is unbounded: a chunk that kills every
             # actor would loop forever).
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
             ds = ds.map_batches(
                 actor_cls,
-                fn_constructor_kwargs=dict(index=str(index), threads=threads, device=device,
-                                           precision=precision, mode=mode, top_k=top_k,
-                                           batch_size=batch_size),
-                batch_size=batch_size, batch_format="pyarrow",
+                fn_constructor_kwargs=dict(
+                    index=str(index), index_version=identity["index_version"],
+                    queries=str(queries), kind=kind, parts=str(parts), skip_bad=skip_bad,
+                    threads=threads, device=device, precision=precision, mode=mode,
+                    top_k=top_k, batch_size=batch_size),
+                batch_size=1, batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=workers),
                 num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,
                 max_restarts=max_restarts, max_task_retries=max_task_retries)
-        sink = _PartSink(str(parts))
         try:
-            ds.write_datasink(sink, ray_remote_args={"num_cpus": 0})
+            for done in ds.iter_rows():
+                bar.update(done["answered"])
+                bar.set_postfix(q_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
         except Exception as e:  # a worker's error arrives wrapped by Ray: unwrap ours
             user = _user_error(e)
             if user is not None:
                 raise user from e
             raise
-    finally:
-        data.execution_options.preserve_order = saved
+        finally:
+            bar.close()
+    missing = [i for i in range(len(plan)) if not (parts / PART.format(i)).exists()]
+    if missing:
+        raise RuntimeError(f"{parts}: chunks {missing[:5]} have no committed part after the run")
     bad: list[dict[str, Any]] = []
-    join = _Join(parts, sink.manifest, queries, kind, bad)
+    join = _Join(parts, len(plan), queries, kind, committed, bad)
     write_answers(out, join.answers())
-    report.rows, report.bad = join.rows, len(bad)
-    report.answered = join.rows - len(bad)
-    report.parts = len(sink.manifest)
+    report.rows, report.bad, report.resumed = join.rows, len(bad), join.resumed
+    report.answered = join.rows - len(bad) - join.resumed
+    report.parts = len(plan)
     if bad:
         bad_file = out.with_name(out.name + ".bad.jsonl")
         tmp = bad_file.with_name(f".{bad_file.name}.tmp-{os.getpid()}")

@@ -115,13 +115,21 @@ class MicroBatcher(Generic[T, R]):
 
     Use from one asyncio event loop: `await start()`, then `await submit(...)` from any number of
     tasks, then `await close()`. It is also an async context manager.
+
+    `on_batch(queries, seconds)`, when given, is called on the event loop after every call of
+    `run` that returned (seconds: its time on the worker), e.g. to feed a batch-size histogram.
     """
 
     def __init__(
-        self, run: Callable[[list[T], Hashable], Sequence[R]], config: BatcherConfig
+        self,
+        run: Callable[[list[T], Hashable], Sequence[R]],
+        config: BatcherConfig,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self._run = run
         self.config = config
+        # Called on the event loop after each batch that returned: (queries, seconds on the worker).
+        self._on_batch = on_batch
         self._pending: deque[_Request[T, R]] = deque()
         self._queued = 0  # queries in self._pending (cancelled requests included until dropped)
         self._in_flight = 0
@@ -313,6 +321,7 @@ class MicroBatcher(Generic[T, R]):
         self._in_flight = len(queries)
         self._current = batch
         try:
+            started = time.monotonic()
             try:
                 results = await loop.run_in_executor(self._executor, self._call, queries, key)
             except Exception as e:  # routed to the callers below, never swallowed
@@ -323,7 +332,7 @@ class MicroBatcher(Generic[T, R]):
                 for r in batch:
                     await self._execute_alone(r)
                 return
-            self._deliver(batch, results)
+            self._deliver(batch, results, time.monotonic() - started)
         finally:
             self._in_flight = 0
             self._current = []
@@ -333,12 +342,13 @@ class MicroBatcher(Generic[T, R]):
             return
         loop = asyncio.get_running_loop()
         self._in_flight = len(r.queries)
+        started = time.monotonic()
         try:
             results = await loop.run_in_executor(self._executor, self._call, r.queries, r.key)
         except Exception as e:  # routed to the caller
             self._fail(r, e)
             return
-        self._deliver([r], results)
+        self._deliver([r], results, time.monotonic() - started)
 
     def _call(self, queries: list[T], key: Hashable) -> list[R]:
         """Worker thread: run `queries` in chunks of at most `max_batch`; check the output size."""
@@ -354,11 +364,16 @@ class MicroBatcher(Generic[T, R]):
             out.extend(res)
         return out
 
-    def _deliver(self, batch: list[_Request[T, R]], results: list[R]) -> None:
+    def _deliver(self, batch: list[_Request[T, R]], results: list[R], seconds: float) -> None:
         now = time.monotonic()
         self._batches_served += 1
         self._queries_served += len(results)
         self._max_batch_seen = max(self._max_batch_seen, len(results))
+        if self._on_batch is not None:
+            try:
+                self._on_batch(len(results), seconds)
+            except Exception:  # an observer's bug must not cost callers their results
+                log.exception("the on_batch observer failed")
         start = 0
         for r in batch:
             stop = start + len(r.queries)

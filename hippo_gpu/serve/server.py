@@ -5,10 +5,21 @@ Endpoints (operationId in brackets):
                                    "top_k": int, "mode": str, "return_seeds": bool}
         -> {"results": [[{"key", "title", "text", "score", "rank"}, ...] per query],
             "seeds": [[[subject, predicate, object], ...] per query] | null}
-    GET  /v1/stats [stats]    index counts, queue depth, batches, mean batch size, latencies.
+        An optional "index" names the served index to ask (default: the first).
+    GET  /v1/stats [stats]    index counts, queue depth, batches, mean batch size, latencies
+                              (?index=NAME; default: the first index).
+    GET  /v1/indexes [indexes]  {"indexes": [{"name", "version", "passages", "memory_bytes",
+                              "device", "precision"}, ...]}, in serving order.
+    GET  /metrics [metrics]   Prometheus text format (serve/metrics.py lists the names).
     GET  /healthz [healthz]   liveness: the process answers.
-    GET  /readyz [readyz]     readiness: index loaded and batcher accepting (else 503).
+    GET  /readyz [readyz]     readiness: indexes loaded and batchers accepting (else 503).
     GET  /docs, /redoc, /openapi.json   the OpenAPI document and its viewers.
+    /mcp                      the Model Context Protocol (streamable HTTP, serve/mcp.py) when the
+                              `mcp` package is installed (ServerConfig.mcp); not in the OpenAPI
+                              document, which describes the REST API only.
+
+Several indexes: `create_app({"a": searcher_a, "b": searcher_b}, config)` serves each with its own
+micro-batcher (serve/service.py); `create_app(searcher, config)` serves one, named "default".
 
 The contract: the OpenAPI document states exactly what the server enforces, so a schema-valid
 request gets 200 (or one of the documented 413 / 429 / 503, which depend on bytes and load, not on
@@ -34,35 +45,32 @@ top_k in 1..max_top_k; mode in `config.MODES`; no other fields; types are strict
 - 429 (with Retry-After) means the queue is full; 503 that the server is shutting down; 500 an
   internal error (a bug: short body, logged, no trace, no path).
 
-Authentication: when `ServerConfig.token` is set, /v1/retrieve and /v1/stats need
+Authentication: when `ServerConfig.token` is set, /v1/*, /metrics and /mcp need
 `Authorization: Bearer <token>` (401 otherwise) and the schema declares HTTP bearer security on
 exactly those operations; /healthz, /readyz and the docs stay open for probes. Without a token
 the schema declares no security at all. The caller (the CLI) owns secrets: the token arrives in
 `ServerConfig`, never from the environment here. Error bodies carry a short message only.
 
-Batching rule: only requests with the same (mode, top_k, return_seeds, with_entities) share a
-batch. `Searcher.retrieve` takes entities for every query of a call or for none (none: hybrid's
-capitalised-span fallback), so queries with and without entities cannot share a call; each query
-then gets exactly the ranking it would get alone. Running a merged batch at the largest top_k and
-truncating would also be sound in exact arithmetic, but ties broken differently by a larger `topk`
-could reorder equal-score passages and break the promise that a served ranking equals the offline
-`retrieve()` for the same arguments; clients normally send one top_k, so the grouping costs little.
+Batching: HTTP and MCP queries go through the same `RetrievalService` (serve/service.py states
+the batching rule), one micro-batcher per index.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hmac
+import importlib.util
 import logging
 import math
-from collections.abc import Hashable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Query as QueryParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import (
     BaseModel,
@@ -75,26 +83,29 @@ from pydantic import (
     model_validator,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hippo_gpu.config import MODES
-from hippo_gpu.search import Hit, Searcher
-from hippo_gpu.serve.batcher import (
-    BatcherClosedError,
-    BatcherConfig,
-    BatchOutputError,
-    MicroBatcher,
-    QueueFullError,
+from hippo_gpu.search import Searcher
+from hippo_gpu.serve.batcher import BatcherClosedError, BatcherConfig, QueueFullError
+from hippo_gpu.serve.metrics import CONTENT_TYPE, IndexGauges, Metrics, MetricsMiddleware
+from hippo_gpu.serve.service import (
+    DEFAULT_INDEX,
+    ENTITY_MODES,
+    BatchKey,
+    QueryLimits,
+    RetrievalService,
+    UnknownIndexError,
+    check_index_name,
 )
+from hippo_gpu.serve.service import Query as Query  # re-exported: a query in the batcher
 from hippo_gpu.serve.writes import SearcherHolder, write_router
 
 log = logging.getLogger(__name__)
 
 # The request schema's mode enum: exactly the modes retrieval accepts.
 Mode = Literal[MODES]  # type: ignore[valid-type]
-
-# Modes that read `entities`; the others ignore them.
-ENTITY_MODES = ("hybrid", "hipporag1")
 
 # Every code point with str.isspace() (tests check this list against all of Unicode).
 WHITESPACE = (
@@ -117,7 +128,10 @@ class ServerConfig:
         max_entities_per_query: most entity strings given for one query.
         max_entity_chars: most characters in one entity string.
         max_top_k: largest accepted top_k.
-        token: bearer token required on /v1/*; None serves without authentication.
+        token: bearer token required on /v1/*, /metrics and /mcp; None serves without
+            authentication.
+        mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
+            (ImportError without it), False never.
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -127,6 +141,7 @@ class ServerConfig:
     max_entity_chars: int = 200
     max_top_k: int = 1_000
     token: str | None = dataclasses.field(default=None, repr=False)
+    mcp: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_queries_per_request", "max_query_chars", "max_entities_per_query",
@@ -141,6 +156,12 @@ class ServerConfig:
             )
         if self.token is not None and not self.token.strip():
             raise ValueError("token must be None or a non-blank string")
+
+    @property
+    def query_limits(self) -> QueryLimits:
+        return QueryLimits(max_query_chars=self.max_query_chars,
+                           max_entities_per_query=self.max_entities_per_query,
+                           max_entity_chars=self.max_entity_chars, max_top_k=self.max_top_k)
 
     @property
     def max_body_bytes(self) -> int:
@@ -224,6 +245,7 @@ class RetrieveRequest(BaseModel):
     top_k: int = 10
     mode: Mode = "hipporag2"
     return_seeds: bool = False
+    index: str | None = None
 
     @model_validator(mode="after")
     def _entities_fit_queries(self) -> RetrieveRequest:
@@ -244,8 +266,25 @@ def _integral(v: Any) -> Any:
     return v
 
 
-def request_model(config: ServerConfig) -> type[RetrieveRequest]:
-    """The `RetrieveRequest` model with `config`'s limits: the schema and the validator in one."""
+def _index_field(names: Sequence[str]) -> Any:
+    """The `index` field: one of `names` or null; an unknown name gets an error naming it."""
+    served = tuple(names)
+
+    def known(v: Any) -> Any:
+        if isinstance(v, str) and v not in served:
+            raise ValueError(str(UnknownIndexError(v, served)))
+        return v
+
+    return (
+        Annotated[Literal[served] | None, BeforeValidator(known)],  # type: ignore[valid-type]
+        Field(default=None, description=f"the index to search (default: {served[0]!r})"),
+    )
+
+
+def request_model(config: ServerConfig,
+                  indexes: Sequence[str] = (DEFAULT_INDEX,)) -> type[RetrieveRequest]:
+    """The `RetrieveRequest` model with `config`'s limits and the served `indexes`' names: the
+    schema and the validator in one."""
     text: Any = Annotated[
         str, StringConstraints(min_length=1, max_length=config.max_query_chars, pattern=NONBLANK)
     ]
@@ -290,6 +329,7 @@ def request_model(config: ServerConfig) -> type[RetrieveRequest]:
             bool,
             Field(default=False, description="also return the seed facts of each query"),
         ),
+        index=_index_field(indexes),
     )
     return model
 
@@ -353,6 +393,20 @@ class StatsResponse(BaseModel):
     limits: Limits
 
 
+class IndexInfo(BaseModel):
+    name: str
+    version: int | None = Field(description="committed version served (null: never saved)")
+    passages: int = Field(ge=0)
+    memory_bytes: int = Field(
+        ge=0, description="bytes of the index's tensors (graph, embeddings) on its device")
+    device: str
+    precision: str
+
+
+class IndexesResponse(BaseModel):
+    indexes: list[IndexInfo] = Field(description="the served indexes; the first is the default")
+
+
 class StatusBody(BaseModel):
     status: Literal["ok", "ready", "not ready"]
 
@@ -392,99 +446,12 @@ def _unauthorized() -> dict[str, Any]:
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# retrieval adapter (runs on the batcher's worker thread)
-
-
-class BatchKey(NamedTuple):
-    mode: str
-    top_k: int
-    return_seeds: bool
-    with_entities: bool  # every query of the batch carries its entities, or none does
-
-
-class Query(NamedTuple):
-    """One query as it travels through the batcher."""
-
-    text: str
-    entities: list[str] | None  # None: not given, or not read by the mode
-
-
-class _Answer(NamedTuple):
-    hits: list[dict[str, Any]]  # JSON-ready PassageHit dicts
-    seeds: list[Any] | None
-
-
-class _SearcherAdapter:
-    """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
-
-    Each batch takes the holder's current searcher once, at its start, and uses only it: a
-    write that commits meanwhile switches later batches, never this one (no mixed versions).
-    """
-
-    def __init__(self, holder: SearcherHolder) -> None:
-        self._holder = holder
-
-    def __call__(self, queries: list[Query], key: Hashable) -> list[_Answer]:
-        if not isinstance(key, BatchKey):
-            raise TypeError(f"batch key must be a BatchKey, got {type(key).__name__}")
-        searcher = self._holder.current  # one version for the whole batch
-        passage_texts = searcher.index.passage_texts
-        texts = [q.text for q in queries]
-        entities: list[list[str]] | None = None
-        if key.with_entities:
-            entities = [q.entities for q in queries if q.entities is not None]
-            if len(entities) != len(queries):
-                raise TypeError("a batch keyed with_entities holds a query without entities")
-        seeds: Sequence[list[Any] | None]
-        if key.return_seeds:
-            hits, raw = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                          query_entities=entities, return_seeds=True)
-            seeds = [[_jsonable(s) for s in per_query] for per_query in raw]
-        else:
-            hits = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                     query_entities=entities)
-            seeds = [None] * len(queries)
-        if len(hits) != len(queries):
-            raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
-        return [
-            _Answer([_hit(h, passage_texts) for h in per_query], s)
-            for per_query, s in zip(hits, seeds, strict=True)
-        ]
-
-
-def _hit(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
-    return {
-        "key": h.key,
-        "title": h.title,
-        "text": passage_texts[h.row],
-        "score": float(h.score),
-        "rank": int(h.rank),
-    }
-
-
-def _jsonable(x: Any) -> Any:
-    """A seed fact as JSON: dataclasses and mappings to objects, sequences to lists."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (str, int, bool)) or x is None:
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if hasattr(x, "item"):  # numpy / torch scalar
-        return _jsonable(x.item())
-    return str(x)
-
-
 _API_DESCRIPTION = (
-    "HippoRAG retrieval over one index. The schema states every limit the server enforces: a "
-    "request that fits it gets 200 (or 413 / 429 / 503: body bytes, load, shutdown) and one that "
-    "does not gets 422. Bearer security is declared, and enforced, only when the server has a "
-    "token; /healthz and /readyz are always open."
+    "HippoRAG retrieval over one or more named indexes. The schema states every limit the server "
+    "enforces: a request that fits it gets 200 (or 413 / 429 / 503: body bytes, load, shutdown) "
+    "and one that does not gets 422. Bearer security is declared, and enforced, only when the "
+    "server has a token; /healthz and /readyz are always open. /mcp (not described here) serves "
+    "the same retrieval to Model Context Protocol clients (streamable HTTP), behind the same token."
 )
 
 
@@ -538,30 +505,38 @@ class _BodyLimit:
 # app
 
 
-def create_app(searcher: Searcher | SearcherHolder,
+def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | SearcherHolder],
                config: ServerConfig | None = None) -> FastAPI:
     """Build the FastAPI app serving `searcher` (its index already loaded, on its device).
 
-    Pass a `SearcherHolder` with an index directory (and configure a token) to also serve
-    POST / DELETE /v1/passages (serve/writes.py): queries then switch to each committed version.
-    The batcher starts with the app's lifespan and, at shutdown, finishes every queued and
+    `searcher` is one searcher (served as index "default") or a mapping name -> searcher for
+    several indexes (the first is the default; each gets its own micro-batcher). Pass a
+    `SearcherHolder` with an index directory (and configure a token) to also serve POST / DELETE
+    /v1/passages (serve/writes.py) for it: its queries then switch to each committed version.
+    The batchers start with the app's lifespan and, at shutdown, finish every queued and
     in-flight batch before the app stops (uvicorn first waits for open requests).
     """
     config = config or ServerConfig()
-    holder = searcher if isinstance(searcher, SearcherHolder) else SearcherHolder(searcher)
-    adapter = _SearcherAdapter(holder)
-    batcher: MicroBatcher[Query, _Answer] = MicroBatcher(adapter, config.batcher)
-    index_stats = _public_stats(holder.current.index.stats())
-    request_cls = request_model(config)
+    if isinstance(searcher, Mapping):
+        named = {check_index_name(str(k)): v for k, v in searcher.items()}
+    else:
+        named = {DEFAULT_INDEX: searcher}
+    metrics = Metrics()
+    service = RetrievalService(named, config.batcher, metrics)
+    request_cls = request_model(config, service.names)
+    index_choice = Literal[tuple(service.names)]  # type: ignore[valid-type]
+    mcp_app = _mcp_app(service, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
-        await batcher.start()
-        log.info("serving %s passages", index_stats.get("passages", "?"))
-        try:
+        async with AsyncExitStack() as stack:
+            await service.start()
+            stack.push_async_callback(service.close)  # runs last: drains every batcher
+            if mcp_app is not None:
+                await stack.enter_async_context(mcp_app.session_manager.run())
+            for info in (s.describe() for s in service.indexes.values()):
+                log.info("serving index %r: %s passages", info["name"], info["passages"])
             yield
-        finally:
-            await batcher.close()
 
     app = FastAPI(
         title="hippo-gpu",
@@ -570,7 +545,13 @@ def create_app(searcher: Searcher | SearcherHolder,
         lifespan=lifespan,
     )
     app.add_middleware(_BodyLimit, max_bytes=config.max_body_bytes)
-    app.state.batcher = batcher
+    # Added last, so outermost: it sees the body limit's 413s and every auth 401.
+    route_paths: set[str] = set()  # filled once every route is added, below
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=lambda: route_paths)
+    app.state.service = service
+    app.state.batcher = service.indexes[service.default].batcher  # the default index's
+    app.state.metrics = metrics
+    metrics.watch_indexes(lambda: [(name, _gauges(s)) for name, s in service.indexes.items()])
     # Security is declared (and enforced) only when there is a token: no token, no auth claims.
     protected: list[Any] = [] if config.token is None else [_bearer_auth(config.token)]
     auth_responses: dict[int | str, dict[str, Any]] = (
@@ -605,7 +586,7 @@ def create_app(searcher: Searcher | SearcherHolder,
     @app.get(
         "/readyz",
         operation_id="readyz",
-        summary="Readiness: index loaded and batcher accepting",
+        summary="Readiness: indexes loaded and batchers accepting",
         response_model=StatusBody,
         responses={
             200: {"content": {"application/json": {"example": {"status": "ready"}}}},
@@ -614,23 +595,15 @@ def create_app(searcher: Searcher | SearcherHolder,
         },
     )
     async def readyz() -> JSONResponse:
-        if batcher.accepting:
+        if service.accepting:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "not ready"}, status_code=503)
 
-    @app.get(
-        "/v1/stats",
-        operation_id="stats",
-        summary="Index counts and serving statistics",
-        response_model=StatsResponse,
-        responses=auth_responses,
-        dependencies=protected,
-    )
-    async def stats() -> dict[str, Any]:
-        current = holder.current.index
+    async def stats(index: Any = None) -> dict[str, Any]:
+        served = service.get(index)
         return {
-            "index": _public_stats(current.stats()),
-            "batcher": dataclasses.asdict(batcher.stats()),
+            "index": _public_stats(served.holder.current.index.stats()),
+            "batcher": dataclasses.asdict(served.batcher.stats()),
             "limits": {
                 "max_batch": config.batcher.max_batch,
                 "max_wait_ms": config.batcher.max_wait_ms,
@@ -644,15 +617,56 @@ def create_app(searcher: Searcher | SearcherHolder,
             },
         }
 
+    # The query parameter's enum is this app's index names; FastAPI reads it from the signature.
+    stats.__annotations__["index"] = Annotated[
+        index_choice | None,
+        QueryParam(description=f"the index to describe (default: {service.default!r})"),
+    ]
+    app.get(
+        "/v1/stats",
+        operation_id="stats",
+        summary="Index counts and serving statistics",
+        response_model=StatsResponse,
+        responses={**auth_responses, 422: _response(
+            ValidationErrorBody, "not a served index name",
+            {"detail": [{"loc": ["query", "index"], "type": "literal_error",
+                         "msg": f"Input should be {service.default!r}"}]})},
+        dependencies=protected,
+    )(stats)
+
+    @app.get(
+        "/v1/indexes",
+        operation_id="indexes",
+        summary="The served indexes: name, version, passages, memory",
+        response_model=IndexesResponse,
+        responses=auth_responses,
+        dependencies=protected,
+    )
+    async def indexes() -> dict[str, Any]:
+        return {"indexes": [s.describe() for s in service.indexes.values()]}
+
+    @app.get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus metrics (text exposition format)",
+        response_class=Response,
+        responses={
+            **auth_responses,
+            200: {
+                "description": "every hippo_* metric; the README lists the names",
+                "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+            },
+        },
+        dependencies=protected,
+    )
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
-        with_entities = req.entities is not None and req.mode in ENTITY_MODES
-        entities = req.entities if with_entities and req.entities is not None else None
-        queries = [
-            Query(q, None if entities is None else entities[i]) for i, q in enumerate(req.queries)
-        ]
-        key = BatchKey(req.mode, req.top_k, req.return_seeds, with_entities)
         try:
-            answers = await batcher.submit(queries, key)
+            answers = await service.retrieve(
+                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+                return_seeds=req.return_seeds, index=req.index, transport="http")
         except QueueFullError as e:
             raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
         except BatcherClosedError as e:
@@ -672,9 +686,62 @@ def create_app(searcher: Searcher | SearcherHolder,
         responses={**auth_responses, **_retrieve_responses(config)},
         dependencies=protected,
     )(retrieve)
-    if holder.index_dir is not None and config.token is not None:
-        app.include_router(write_router(holder, protected[0], auth_responses))
+    writable = {n: s.holder for n, s in service.indexes.items() if s.holder.index_dir is not None}
+    if writable and config.token is not None:
+        holders = {n: s.holder for n, s in service.indexes.items()}
+        app.include_router(write_router(holders, protected[0], auth_responses))
+    if mcp_app is not None:
+        guarded = mcp_app.asgi if config.token is None else _BearerGuard(mcp_app.asgi, config.token)
+        app.router.routes.append(Route(MCP_PATH, endpoint=guarded))
+    route_paths.update(getattr(r, "path", "") for r in app.router.routes)
     return app
+
+
+MCP_PATH = "/mcp"
+
+
+def _mcp_app(service: RetrievalService, config: ServerConfig) -> Any:
+    """The MCP streamable-HTTP endpoint over `service`, or None (config.mcp, or no `mcp`)."""
+    if config.mcp is False or (config.mcp is None and importlib.util.find_spec("mcp") is None):
+        return None
+    try:
+        from hippo_gpu.serve.mcp import mount_streamable_http
+    except ImportError as e:
+        raise ImportError("ServerConfig(mcp=True) needs the `mcp` package: pip install "
+                          "'hippo-gpu[mcp]'") from e
+    return mount_streamable_http(service, config.query_limits, MCP_PATH,
+                                 dns_rebinding_guard=config.token is None)
+
+
+def _gauges(served: Any) -> IndexGauges:
+    stats = served.batcher.stats()
+    info = served.describe()
+    return IndexGauges(queue_depth=stats.queue_depth, in_flight=stats.in_flight,
+                       version=info["version"], passages=info["passages"],
+                       memory_bytes=info["memory_bytes"])
+
+
+class _BearerGuard:
+    """Pure ASGI: answer 401 unless `Authorization: Bearer <token>`, read as `_bearer_auth` reads
+    it (scheme in any case, constant-time compare), for a route outside FastAPI's dependencies."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                given = credentials if scheme.lower() == b"bearer" else b""
+        if scope["type"] == "http" and not (
+                given and hmac.compare_digest(given, self.expected)):  # fmt: skip
+            response = JSONResponse({"detail": "missing or invalid bearer token"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _retrieve_responses(config: ServerConfig) -> dict[int | str, dict[str, Any]]:

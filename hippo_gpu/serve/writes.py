@@ -6,12 +6,17 @@ reference only after its commit, with a searcher over the new version (reusing t
 encoder). Writes are serialised (one at a time per process; the index's flock also keeps out
 writers in other processes) and run on a worker thread, so queries keep being answered during a
 write. These routes exist only when the server has a token and an index directory to write.
+
+With several indexes, a request's optional "index" names the one to change (default: the server's
+default index, the first); an index served without a directory is read-only (409), an unknown name
+is 404. Each index has its own holder and writer lock, so a write switches only its own queries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +83,15 @@ class PassageIn(BaseModel):
                                 description="named entities (kept with the OpenIE record)")
 
 
+_INDEX_FIELD = Field(default=None, max_length=64,
+                     description="the served index to change (default: the server's first)")
+
+
 class InsertRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     passages: list[PassageIn] = Field(min_length=1, max_length=10_000)
+    index: str | None = _INDEX_FIELD
 
 
 class DeleteRequest(BaseModel):
@@ -89,6 +99,7 @@ class DeleteRequest(BaseModel):
 
     keys: list[str] = Field(min_length=1, max_length=100_000,
                             description='passage keys "chunk-<md5>" to remove')
+    index: str | None = _INDEX_FIELD
 
 
 def _openie_of(passages: list[PassageIn], holder: SearcherHolder) -> dict[str, Any]:
@@ -122,18 +133,33 @@ def _openie_of(passages: list[PassageIn], holder: SearcherHolder) -> dict[str, A
     return {"docs": docs}
 
 
-def write_router(holder: SearcherHolder, auth: Any,
+def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: Any,
                  auth_responses: dict[int | str, dict[str, Any]]) -> APIRouter:
-    """The write routes; `auth` is the server's bearer-token dependency (required)."""
+    """The write routes over `holders` (name -> holder; the first is the default; one holder
+    alone is served as "default"); `auth` is the server's bearer-token dependency (required)."""
+    by_name = dict(holders) if isinstance(holders, Mapping) else {"default": holders}
+    default = next(iter(by_name))
     router = APIRouter()
     responses: dict[int | str, dict[str, Any]] = {
         **auth_responses,
-        404: {"description": "a key to delete is not in the index (nothing changed)"},
-        409: {"description": "another process holds the index's writer lock"},
+        404: {"description": "a key to delete is not in the index, or the named index is not "
+                             "served (nothing changed)"},
+        409: {"description": "another process holds the index's writer lock, or the index is "
+                             "served read-only (no index directory)"},
         422: {"description": "malformed passages or triples (nothing changed)"},
     }
 
-    async def run(apply: Any) -> dict[str, Any]:
+    def holder_of(name: str | None) -> SearcherHolder:
+        name = default if name is None else name
+        if name not in by_name:
+            shown = repr(name if len(name) <= 64 else name[:64] + "...")
+            raise HTTPException(404, f"unknown index {shown}: this server serves "
+                                     f"{', '.join(repr(n) for n in by_name)}")
+        if by_name[name].index_dir is None:
+            raise HTTPException(409, f"index {name!r} is served read-only (no index directory)")
+        return by_name[name]
+
+    async def run(holder: SearcherHolder, apply: Any) -> dict[str, Any]:
         try:
             return await asyncio.to_thread(holder.write, apply)
         except WriterLockedError as e:
@@ -147,17 +173,19 @@ def write_router(holder: SearcherHolder, auth: Any,
                  responses=responses,
                  summary="Add passages (with their triples); one atomic commit")
     async def insert_passages(req: InsertRequest) -> dict[str, Any]:
+        holder = holder_of(req.index)
         passages = [{"title": p.title, "text": p.text} for p in req.passages]
 
         def apply(w: IndexWriter) -> int:
             return w.insert(passages, _openie_of(req.passages, holder))
 
-        return await run(apply)
+        return await run(holder, apply)
 
     @router.delete("/v1/passages", operation_id="delete_passages", dependencies=[auth],
                    responses=responses,
                    summary="Remove passages by key; one atomic commit")
     async def delete_passages(req: DeleteRequest) -> dict[str, Any]:
-        return await run(lambda w: w.delete(req.keys))
+        holder = holder_of(req.index)
+        return await run(holder, lambda w: w.delete(req.keys))
 
     return router

@@ -1,0 +1,73 @@
+"""`hippo-gpu mcp`: serve indexes to an MCP client over stdio (the client starts this command).
+
+stdout carries the protocol, so everything else (loading messages, warnings) goes to stderr. The
+same tools are mounted on `hippo-gpu serve` at /mcp (streamable HTTP); see hippo_gpu.serve.mcp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import typer
+
+from hippo_gpu.device import DEVICE_CHOICES
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `mcp` command to the `hippo-gpu` Typer app."""
+    app.command("mcp")(mcp)
+
+
+def mcp(
+    index: list[str] = typer.Option(
+        ..., "--index", help="index directory, or NAME=DIR; repeat to serve several (the first "
+                             "is the default)"),
+    device: str = typer.Option("auto", help=f"one of {DEVICE_CHOICES} or e.g. cuda:1"),
+    precision: str = typer.Option("float32", help="float32 | float16 | bfloat16"),
+    query_backend: str = typer.Option("auto", help="query encoder: auto | torch | onnx"),
+    threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's)"),
+    max_batch: int = typer.Option(64, min=1, help="most queries per batched retrieve (1: off)"),
+    max_wait_ms: float = typer.Option(5.0, min=0.0, help="longest wait for a batch to fill"),
+    max_queue: int = typer.Option(1024, min=1, help="most waiting queries; beyond: tool error"),
+    max_query_chars: int = typer.Option(2000, min=1, help="longer queries: tool error"),
+    max_top_k: int = typer.Option(1000, min=1, help="larger top_k: tool error"),
+    warmup: bool = typer.Option(True, help="load the encoder and solvers before answering"),
+) -> None:
+    """Serve the MCP tools `retrieve` and `stats` and the resource passage://{key} over stdio."""
+    try:
+        import anyio
+
+        from hippo_gpu.serve.mcp import serve_stdio
+    except ImportError as e:
+        raise typer.BadParameter(f"the mcp command needs the mcp extra: pip install "
+                                 f"'hippo-gpu[mcp]' ({e})") from e
+    from hippo_gpu.device import set_threads
+    from hippo_gpu.index import load_index
+    from hippo_gpu.search import Searcher
+    from hippo_gpu.serve.batcher import BatcherConfig
+    from hippo_gpu.serve.service import QueryLimits, RetrievalService, parse_index_specs
+
+    try:
+        specs = parse_index_specs(index)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    set_threads(threads)
+    searchers: dict[str, Searcher] = {}
+    # Python-level prints while loading must not reach the protocol channel.
+    with contextlib.redirect_stdout(sys.stderr):
+        for name, path in specs.items():
+            typer.echo(f"loading index {name!r} from {path} on {device} ...", err=True)
+            try:
+                searchers[name] = Searcher(load_index(path, device=device, precision=precision),
+                                           query_backend=query_backend)
+            except ValueError as e:
+                raise typer.BadParameter(f"--index {path}: {e}") from e
+            if warmup:
+                searchers[name].warm_up(("dense", "hipporag2"))
+    service = RetrievalService(searchers, BatcherConfig(max_batch, max_wait_ms, max_queue))
+    limits = QueryLimits(max_query_chars=max_query_chars, max_top_k=max_top_k)
+    anyio.run(serve_stdio, service, limits)
+

@@ -1,0 +1,237 @@
+"""The HTTP query server replicated on Ray Serve (`hippo-gpu serve --ray ADDRESS --replicas N`).
+
+Each replica is one Ray actor that loads the index once (`load_index` + `Searcher`, warmed up)
+and serves the plain server's FastAPI app, built in the replica by
+`hippo_gpu.serve.server.create_app(searcher, config)`. So every replica keeps everything the
+plain server does, unchanged: the request schema and its limits (422), the body-size guard (413),
+bearer auth (401), the micro-batcher (hippo_gpu/serve/batcher.py: batches grouped by (mode, top_k,
+return_seeds, with_entities), an error reaching only the request that caused it, 429 when its
+queue is full) and /healthz, /readyz, /v1/stats, /openapi.json. Ray Serve's own `@serve.batch`
+is not used: it sets one error on every request of a batch and cannot group by mode and top_k.
+
+    client --HTTP--> Ray Serve proxy (host:port) --> replica 1: create_app(searcher_1, config)
+                                                 --> replica 2: create_app(searcher_2, config) ...
+
+The app is built late (`serve.ingress()` with `__serve_build_asgi_app__`), after the replica's
+constructor has loaded the index, and Ray Serve runs the app's lifespan (which starts and, at
+shutdown, drains the batcher) on the replica's event loop.
+
+Per replica, not per deployment: the batcher, its queue limit and /v1/stats (a request reaches
+one replica; its counters are that replica's). The proxy spreads requests over the replicas;
+`max_ongoing_requests` is set to the batcher's queue plus one batch, so Ray lets every request
+the batcher could hold through to it and a full replica answers 429 itself.
+
+Shared storage. Every replica reads the index directory at the same path: on a cluster of several
+machines it must be on storage every node mounts there (NFS, a cluster file system). Writes are
+not served (`--writable` would change one replica's index only).
+
+The bearer token travels to the replicas inside the deployment's (pickled) constructor
+arguments, never through environment variables, which Ray shows in its dashboard.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    from ray import serve
+except ImportError as e:
+    raise ImportError("serve --ray needs Ray Serve: pip install 'hippo-gpu[ray]'") from e
+
+from hippo_gpu.serve.server import ServerConfig, create_app
+from hippo_gpu.store import read_manifest
+
+__all__ = ["ReplicaSpec", "ServeHandle", "deploy", "replica_application", "serve_until_signal"]
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "hippo-gpu"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What one replica loads and how it serves (the plain `serve` command's options).
+
+    Attributes:
+        index: index directory, absolute, readable at this path on every node.
+        config: the server's limits and token (ServerConfig).
+        device, precision: forwarded to load_index.
+        query_precision, query_backend: forwarded to Searcher.
+        threads: torch threads per replica (None keeps torch's default).
+        warmup: load the encoder and build the solvers before the replica reports ready.
+    """
+
+    index: str
+    config: ServerConfig = field(default_factory=ServerConfig)
+    device: str = "auto"
+    precision: str = "float32"
+    query_precision: str | None = None
+    query_backend: str = "auto"
+    threads: int | None = None
+    warmup: bool = True
+
+
+@serve.ingress()
+class HippoReplica:
+    """One replica: the index loaded once, served by the plain server's app."""
+
+    def __init__(self, spec: ReplicaSpec) -> None:
+        from hippo_gpu.device import set_threads
+        from hippo_gpu.index import load_index
+        from hippo_gpu.search import Searcher
+
+        set_threads(spec.threads)
+        t0 = time.perf_counter()
+        self.searcher = Searcher(load_index(spec.index, device=spec.device,
+                                            precision=spec.precision),
+                                 query_precision=spec.query_precision,
+                                 query_backend=spec.query_backend)
+        if spec.warmup:
+            # As the plain server: /readyz means ready and the first client does not pay.
+            self.searcher.warm_up(("dense", "hipporag2"))
+        self.config = spec.config
+        log.info("replica loaded %s in %.1f s", spec.index, time.perf_counter() - t0)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self.searcher, self.config)
+
+
+def replica_application(spec: ReplicaSpec, *, replicas: int = 1, cpus_per_replica: float = 1.0,
+                        gpus_per_replica: float = 0.0) -> Any:
+    """The Ray Serve application (`serve.run` it): `replicas` copies of HippoReplica(spec).
+
+    Args:
+        spec: what every replica loads and serves.
+        replicas: number of replicas (each holds one loaded index).
+        cpus_per_replica, gpus_per_replica: Ray resources of one replica.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if cpus_per_replica < 0 or gpus_per_replica < 0:
+        raise ValueError("cpus_per_replica and gpus_per_replica must be >= 0")
+    batcher = spec.config.batcher
+    deployment = serve.deployment(
+        name="HippoReplica",
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
+        # Every request the replica's batcher could hold (its queue plus the running batch)
+        # reaches it, so a full replica answers 429 with Retry-After, as the plain server.
+        max_ongoing_requests=batcher.max_queue + batcher.max_batch,
+        # As the plain server: open requests get up to 30 s to finish at shutdown.
+        graceful_shutdown_timeout_s=30,
+    )(HippoReplica)
+    return deployment.bind(spec)
+
+
+@dataclass
+class ServeHandle:
+    """A running deployment: its URL, and `stop()` to remove it (and Serve, if we started it)."""
+
+    url: str
+    name: str
+    started_serve: bool
+
+    def stop(self) -> None:
+        serve.delete(self.name)
+        if self.started_serve:
+            serve.shutdown()
+
+
+def deploy(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1,
+           cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0,
+           name: str = APP_NAME) -> ServeHandle:
+    """Deploy the server on the connected Ray cluster and wait until every replica is ready.
+
+    Serve's HTTP proxy listens on host:port when this call starts Serve; when Serve already
+    runs on the cluster, its proxy keeps the address it has (ValueError if that differs).
+
+    Raises:
+        FileNotFoundError: the index directory does not exist here.
+        IndexFormatError: it is not a hippo-gpu index.
+        ValueError: a relative index path, or Serve already runs with another proxy address.
+        RuntimeError: a replica failed to start (Ray's message says why).
+    """
+    _check_index(Path(spec.index))
+    running = _serve_http_address()
+    if running is not None and running != (host, port):
+        raise ValueError(f"Ray Serve already runs on this cluster with its proxy on "
+                         f"{running[0]}:{running[1]}, not {host}:{port}; use that address or "
+                         "another cluster")
+    if running is None:
+        serve.start(http_options={"host": host, "port": port})
+    app = replica_application(spec, replicas=replicas, cpus_per_replica=cpus_per_replica,
+                              gpus_per_replica=gpus_per_replica)
+    try:
+        serve.run(app, name=name, route_prefix="/")
+    except BaseException:
+        if running is None:
+            serve.shutdown()
+        raise
+    return ServeHandle(url=f"http://{host}:{port}", name=name, started_serve=running is None)
+
+
+def serve_until_signal(address: str, spec: ReplicaSpec, *, host: str, port: int, replicas: int,
+                       cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0,
+                       say: Callable[[str], None] = print) -> None:
+    """`hippo-gpu serve --ray ADDRESS`: connect to (or, for "local", start) Ray, deploy, serve
+    until SIGINT or SIGTERM, then remove the deployment (Ray Serve lets open requests finish)
+    and stop what this call started."""
+    from hippo_gpu.distributed.cluster import connect
+
+    _check_index(Path(spec.index))
+    # A signal during the deployment is honoured once it is up (then removed at once), so an
+    # interrupted start never leaves replicas behind.
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    started_ray = False
+    try:
+        started_ray = connect(address)
+        handle = deploy(spec, host=host, port=port, replicas=replicas,
+                        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica)
+        try:
+            say(f"serving {spec.index} on {handle.url} with {replicas} Ray Serve replicas; "
+                "Ctrl-C stops")
+            while not stop.wait(0.5):
+                pass
+        finally:
+            handle.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _check_index(index: Path) -> None:
+    """Refuse what no replica could load, here and at once, not from every replica's start."""
+    if not index.is_dir():
+        raise FileNotFoundError(f"{index}: no such index directory")
+    if not index.is_absolute():
+        raise ValueError(f"{index}: give the index directory as an absolute path (replicas run "
+                         "in other working directories)")
+    read_manifest(index)  # IndexFormatError naming the path when it is not an index
+
+
+def _serve_http_address() -> tuple[str, int] | None:
+    """(host, port) of the Serve proxy already running on the connected cluster, else None.
+
+    Read from Serve's controller client (`serve.status()` does the same lookup but does not
+    report the proxy's address); None when no Serve controller runs.
+    """
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    http = client.http_config
+    return str(http.host), int(http.port)

@@ -1,0 +1,180 @@
+"""Model Context Protocol tools over a `RetrievalService`, on the official `mcp` SDK (2.x).
+
+Tools:
+    retrieve(query, top_k=10, mode="hipporag2", index=None, entities=None)
+        -> {"index", "mode", "hits": [{"key", "title", "score", "rank", "text"}, ...]}
+    stats() -> {"indexes": [{"name", "version", "passages", "memory_bytes", "device",
+                             "precision", "counts": {...}, "batcher": {...}}, ...]}
+Resource:
+    passage://{key} -> JSON {"key", "title", "text", "indexes": [names holding it]}
+
+A retrieve call goes through `RetrievalService.retrieve`, i.e. the same per-index micro-batcher
+as the HTTP API, so MCP and HTTP queries share batches. Arguments are checked against the same
+per-query limits as HTTP (`QueryLimits`, stated in the tool's input schema); a bad argument, an
+unknown index, hipporag1 without entities or a full queue come back as a tool error (a result with
+`isError` and a message), never as a crash of the session.
+
+Transports: stdio (`hippo-gpu mcp --index DIR`, `serve_stdio`) and streamable HTTP mounted on the
+HTTP server (`mount_streamable_http`, used by serve/server.py, which applies its bearer token).
+This module imports `mcp` at import time: only import it when the `mcp` extra is installed.
+"""
+
+# No `from __future__ import annotations`: the tools' signatures carry this server's limits as
+# runtime values, which the SDK reads from the annotations to build the input schemas.
+
+import json
+from dataclasses import asdict
+from typing import Annotated, Any, Literal, NamedTuple
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+from starlette.types import ASGIApp
+
+from hippo_gpu.config import MODES
+from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
+from hippo_gpu.serve.service import QueryLimits, RetrievalService, UnknownIndexError
+
+__all__ = ["MountedMCP", "build_mcp_server", "mount_streamable_http", "serve_stdio"]
+
+_INSTRUCTIONS = (
+    "HippoRAG retrieval: `retrieve` ranks the indexed passages for a question (mode hipporag2 "
+    "follows a knowledge graph for multi-hop questions; dense is plain embedding similarity; "
+    "hybrid fuses both with an entity ranking). Read a whole passage with the resource "
+    "passage://{key}. `stats` lists the served indexes."
+)
+
+# Hosts a loopback-only server answers when it guards against DNS rebinding (no token).
+_LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+_LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+
+
+class HitOut(BaseModel):
+    key: str = Field(description='passage key: "chunk-" + md5 of the indexed text')
+    title: str
+    score: float
+    rank: int = Field(description="0-based position in the ranking")
+    text: str = Field(description="the indexed passage text (title, newline, body)")
+
+
+class RetrieveOut(BaseModel):
+    index: str = Field(description="the index that answered")
+    mode: str
+    hits: list[HitOut] = Field(description="best first")
+
+
+def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = None) -> MCPServer:
+    """An `MCPServer` whose tools answer through `service` (started by the caller)."""
+    limits = limits or QueryLimits()
+    names = service.names
+    server: MCPServer = MCPServer(
+        "hippo-gpu", instructions=_INSTRUCTIONS, log_level="WARNING",
+        warn_on_duplicate_tools=False)  # fmt: skip
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    query_text = Annotated[str, Field(min_length=1, max_length=limits.max_query_chars,
+                                      description="the question")]  # fmt: skip
+    top_k_type = Annotated[int, Field(ge=1, le=limits.max_top_k,
+                                      description="passages to return")]  # fmt: skip
+    entity = Annotated[str, Field(min_length=1, max_length=limits.max_entity_chars)]
+    entities_type = Annotated[
+        list[entity] | None,
+        Field(max_length=limits.max_entities_per_query,
+              description="named entities of the question: required by hipporag1, used by "
+                          "hybrid (else capitalised spans), ignored by dense and hipporag2"),
+    ]
+    index_type = Annotated[
+        str | None,
+        Field(max_length=64, description=f"index to search, one of {names} (default: "
+                                         f"{service.default!r})"),
+    ]
+    mode_type = Annotated[Literal[MODES], Field(description="retrieval mode")]  # type: ignore[valid-type]
+
+    async def retrieve(
+        query: query_text,  # type: ignore[valid-type]
+        top_k: top_k_type = min(10, limits.max_top_k),  # type: ignore[valid-type]
+        mode: mode_type = "hipporag2",  # type: ignore[valid-type]
+        index: index_type = None,  # type: ignore[valid-type]
+        entities: entities_type = None,  # type: ignore[valid-type]
+    ) -> RetrieveOut:
+        """Rank the indexed passages for one question; best first."""
+        if not query.strip():
+            raise ToolError("query is blank: ask something")
+        if entities is not None and any(not e.strip() for e in entities):
+            raise ToolError("an entity is blank")
+        if mode == "hipporag1" and entities is None:
+            raise ToolError("mode 'hipporag1' needs entities (an empty list answers with the "
+                            "dense ranking)")
+        try:
+            served = service.get(index)
+            answers = await service.retrieve(
+                [query], top_k=top_k, mode=mode, index=served.name,
+                entities=None if entities is None else [entities], transport="mcp")
+        except UnknownIndexError as e:
+            raise ToolError(str(e)) from e
+        except QueueFullError as e:
+            raise ToolError("server busy: queue full; retry in a second") from e
+        except BatcherClosedError as e:
+            raise ToolError("server shutting down") from e
+        return RetrieveOut(index=served.name, mode=mode,
+                           hits=[HitOut(**h) for h in answers[0].hits])
+
+    async def stats() -> dict[str, Any]:
+        """The served indexes: counts, version, memory and batching statistics."""
+        out = []
+        for served in service.indexes.values():
+            info = served.describe()
+            info["counts"] = {k: v for k, v in served.holder.current.index.stats().items()
+                              if isinstance(v, (int, float, bool))}  # fmt: skip
+            info["batcher"] = asdict(served.batcher.stats())
+            out.append(info)
+        return {"indexes": out}
+
+    async def passage(key: str) -> str:
+        found = service.passage(key)
+        if found is None:
+            raise ResourceNotFoundError(f"no served index holds passage {key[:80]!r}")
+        return json.dumps(found, ensure_ascii=False)
+
+    server.tool(name="retrieve", annotations=read_only, structured_output=True)(retrieve)
+    server.tool(name="stats", annotations=read_only)(stats)
+    server.resource("passage://{key}", name="passage", mime_type="application/json",
+                    description="one indexed passage by key: title, text and the indexes that "
+                                "hold it")(passage)  # fmt: skip
+    return server
+
+
+class MountedMCP(NamedTuple):
+    """The streamable-HTTP endpoint: run `session_manager.run()` in the host app's lifespan and
+    route requests to `asgi`."""
+
+    session_manager: StreamableHTTPSessionManager
+    asgi: ASGIApp
+
+
+def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: str, *,
+                          dns_rebinding_guard: bool) -> MountedMCP:
+    """The MCP tools over streamable HTTP at `path`, for another ASGI app to route to.
+
+    Stateless with JSON responses: every POST carries a whole exchange, so nothing is kept per
+    client and any replica can answer. With `dns_rebinding_guard` (a server without a token) only
+    loopback Host and Origin headers are accepted, so a web page cannot reach a local server
+    through a rebound DNS name; with a token the token is the guard.
+    """
+    server = build_mcp_server(service, limits)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=dns_rebinding_guard,
+        allowed_hosts=_LOOPBACK_HOSTS, allowed_origins=_LOOPBACK_ORIGINS)  # fmt: skip
+    server.streamable_http_app(streamable_http_path=path, stateless_http=True, json_response=True,
+                               transport_security=security)  # fmt: skip
+    manager = server.session_manager
+    return MountedMCP(manager, StreamableHTTPASGIApp(manager))
+
+
+async def serve_stdio(service: RetrievalService, limits: QueryLimits | None = None) -> None:
+    """Answer MCP over stdin/stdout until the client closes it; starts and drains `service`."""
+    server = build_mcp_server(service, limits)
+    async with service:
+        await server.run_stdio_async()

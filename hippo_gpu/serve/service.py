@@ -1,0 +1,378 @@
+"""The retrieval service every transport answers through: named indexes, each with its searcher
+holder and its own micro-batcher.
+
+HTTP (server.py) and MCP (mcp.py) both call `RetrievalService.retrieve`, so a query reaches a
+`Searcher` the same way whichever protocol carried it: merged with concurrent queries of the same
+index and batch key into one batched `Searcher.retrieve` call on that index's worker thread.
+
+Several indexes: each has a name (`INDEX_NAME`: letters, digits, "_", "-", "." ; at most 64
+characters), its own batcher (a batch never mixes indexes: rankings are per index) and its own
+`SearcherHolder`, so a write to one index switches only that index's queries. The first index is
+the default for requests that name none.
+
+Batching rule: only requests with the same (mode, top_k, return_seeds, with_entities) share a
+batch. `Searcher.retrieve` takes entities for every query of a call or for none (none: hybrid's
+capitalised-span fallback), so queries with and without entities cannot share a call; each query
+then gets exactly the ranking it would get alone. Running a merged batch at the largest top_k and
+truncating would also be sound in exact arithmetic, but ties broken differently by a larger `topk`
+could reorder equal-score passages and break the promise that a served ranking equals the offline
+`retrieve()` for the same arguments; clients normally send one top_k, so the grouping costs little.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from hippo_gpu.search import Hit, Searcher
+from hippo_gpu.serve.batcher import (
+    BatcherClosedError,
+    BatcherConfig,
+    BatchOutputError,
+    MicroBatcher,
+    QueueFullError,
+)
+from hippo_gpu.serve.writes import SearcherHolder
+
+if TYPE_CHECKING:
+    from hippo_gpu.serve.metrics import Metrics
+
+__all__ = [
+    "DEFAULT_INDEX",
+    "ENTITY_MODES",
+    "INDEX_NAME",
+    "Answer",
+    "BatchKey",
+    "Query",
+    "QueryLimits",
+    "RetrievalService",
+    "ServedIndex",
+    "UnknownIndexError",
+    "hit_dict",
+    "parse_index_spec",
+    "parse_index_specs",
+    "tensor_bytes",
+]
+
+# The name of the index served by the single-index forms (`create_app(searcher)`, `--index DIR`).
+DEFAULT_INDEX = "default"
+INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+# Modes that read `entities`; the others ignore them.
+ENTITY_MODES = ("hybrid", "hipporag1")
+
+
+class UnknownIndexError(LookupError):
+    """A request named an index this server does not serve."""
+
+    def __init__(self, name: str, served: Sequence[str]) -> None:
+        self.name = name
+        self.served = list(served)
+        super().__init__(f"unknown index {_short(name)}: this server serves "
+                         f"{', '.join(repr(s) for s in self.served)}")
+
+    def __str__(self) -> str:  # KeyError-style quoting would wrap the message in quotes
+        return str(self.args[0])
+
+
+def _short(name: str, limit: int = 64) -> str:
+    """repr of a client-given name, cut to `limit` characters (error messages stay short)."""
+    return repr(name if len(name) <= limit else name[:limit] + "...")
+
+
+def check_index_name(name: str) -> str:
+    if not INDEX_NAME.fullmatch(name):
+        raise ValueError(f"bad index name {_short(name)}: use 1-64 letters, digits, '_', '-' or "
+                         "'.', starting with a letter or digit")
+    return name
+
+
+def parse_index_spec(spec: str) -> tuple[str, Path]:
+    """`NAME=DIR` -> (NAME, DIR); a bare `DIR` -> (DEFAULT_INDEX, DIR).
+
+    The text before the first "=" is a name only if it is a valid index name, so a path such as
+    `./a=b` (a "/" before the "=") is a directory.
+    """
+    name, sep, rest = spec.partition("=")
+    if sep and INDEX_NAME.fullmatch(name):
+        if not rest:
+            raise ValueError(f"--index {spec!r}: no directory after '='")
+        return name, Path(rest)
+    return DEFAULT_INDEX, Path(spec)
+
+
+def parse_index_specs(values: Sequence[str]) -> dict[str, Path]:
+    """`--index` values (each `NAME=DIR` or `DIR`) -> {name: directory}, in the given order.
+
+    Raises:
+        ValueError: a directory does not exist, or a name is given twice (naming the culprit).
+    """
+    specs: dict[str, Path] = {}
+    for value in values:
+        name, path = parse_index_spec(value)
+        if not path.is_dir():
+            raise ValueError(f"--index {value!r}: {path} is not a directory")
+        if name in specs:
+            raise ValueError(f"--index: the name {name!r} is given twice; name each index: "
+                             "--index NAME=DIR")
+        specs[name] = path
+    return specs
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Per-query limits every transport enforces (HTTP: in the schema; MCP: in the tool's)."""
+
+    max_query_chars: int = 2_000
+    max_entities_per_query: int = 16
+    max_entity_chars: int = 200
+    max_top_k: int = 1_000
+
+
+class BatchKey(NamedTuple):
+    mode: str
+    top_k: int
+    return_seeds: bool
+    with_entities: bool  # every query of the batch carries its entities, or none does
+
+
+class Query(NamedTuple):
+    """One query as it travels through the batcher."""
+
+    text: str
+    entities: list[str] | None  # None: not given, or not read by the mode
+
+
+class Answer(NamedTuple):
+    hits: list[dict[str, Any]]  # JSON-ready {"key", "title", "text", "score", "rank"}
+    seeds: list[Any] | None
+
+
+class _SearcherAdapter:
+    """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
+
+    Each batch takes the holder's current searcher once, at its start, and uses only it: a
+    write that commits meanwhile switches later batches, never this one (no mixed versions).
+    """
+
+    def __init__(self, holder: SearcherHolder) -> None:
+        self._holder = holder
+
+    def __call__(self, queries: list[Query], key: Hashable) -> list[Answer]:
+        if not isinstance(key, BatchKey):
+            raise TypeError(f"batch key must be a BatchKey, got {type(key).__name__}")
+        searcher = self._holder.current  # one version for the whole batch
+        passage_texts = searcher.index.passage_texts
+        texts = [q.text for q in queries]
+        entities: list[list[str]] | None = None
+        if key.with_entities:
+            entities = [q.entities for q in queries if q.entities is not None]
+            if len(entities) != len(queries):
+                raise TypeError("a batch keyed with_entities holds a query without entities")
+        seeds: Sequence[list[Any] | None]
+        if key.return_seeds:
+            hits, raw = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
+                                          query_entities=entities, return_seeds=True)
+            seeds = [[_jsonable(s) for s in per_query] for per_query in raw]
+        else:
+            hits = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
+                                     query_entities=entities)
+            seeds = [None] * len(queries)
+        if len(hits) != len(queries):
+            raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
+        return [
+            Answer([hit_dict(h, passage_texts) for h in per_query], s)
+            for per_query, s in zip(hits, seeds, strict=True)
+        ]
+
+
+def hit_dict(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
+    """A `Hit` as the JSON both transports return."""
+    return {
+        "key": h.key,
+        "title": h.title,
+        "text": passage_texts[h.row],
+        "score": float(h.score),
+        "rank": int(h.rank),
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    """A seed fact as JSON: dataclasses and mappings to objects, sequences to lists."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if hasattr(x, "item"):  # numpy / torch scalar
+        return _jsonable(x.item())
+    return str(x)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes held by the tensors among `obj`'s dataclass fields (sparse: indices + values).
+
+    For an `Index`: its graph and embeddings on its device. Python-side tables (keys, titles,
+    texts) and a searcher's solvers and encoder are not counted.
+    """
+    total = 0
+    for f in dataclasses.fields(obj):
+        t = getattr(obj, f.name)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.layout == torch.sparse_csr:
+            parts = [t.crow_indices(), t.col_indices(), t.values()]
+        elif t.layout == torch.sparse_coo:
+            parts = [t._indices(), t._values()]
+        else:
+            parts = [t]
+        total += sum(p.element_size() * p.nelement() for p in parts)
+    return total
+
+
+class ServedIndex:
+    """One named index: its searcher holder and its micro-batcher."""
+
+    def __init__(self, name: str, holder: SearcherHolder, config: BatcherConfig,
+                 metrics: Metrics | None = None) -> None:
+        self.name = check_index_name(name)
+        self.holder = holder
+        on_batch = None if metrics is None else metrics.observe_batch(name)
+        self.batcher: MicroBatcher[Query, Answer] = MicroBatcher(
+            _SearcherAdapter(holder), config, on_batch=on_batch)
+
+    def describe(self) -> dict[str, Any]:
+        """name, version (None: never saved), passages, memory_bytes, device, precision."""
+        index = self.holder.current.index
+        return {
+            "name": self.name,
+            "version": index.version,
+            "passages": len(index.passage_keys),
+            "memory_bytes": tensor_bytes(index),
+            "device": str(index.device),
+            "precision": index.precision,
+        }
+
+
+class RetrievalService:
+    """Named indexes behind one process, each answered through its own micro-batcher.
+
+    Use from one asyncio event loop: `await start()` (or `async with`), then `retrieve` from any
+    number of tasks, then `await close()`, which drains every batcher.
+    """
+
+    def __init__(self, indexes: Mapping[str, Searcher | SearcherHolder], batcher: BatcherConfig,
+                 metrics: Metrics | None = None) -> None:
+        if not indexes:
+            raise ValueError("serve at least one index")
+        self.metrics = metrics
+        self.indexes: dict[str, ServedIndex] = {}
+        for name, s in indexes.items():
+            holder = s if isinstance(s, SearcherHolder) else SearcherHolder(s)
+            self.indexes[name] = ServedIndex(name, holder, batcher, metrics)
+        self.default = next(iter(self.indexes))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.indexes)
+
+    def get(self, name: str | None) -> ServedIndex:
+        """The index called `name` (None: the default); UnknownIndexError names a wrong one."""
+        if name is None:
+            return self.indexes[self.default]
+        try:
+            return self.indexes[name]
+        except KeyError:
+            raise UnknownIndexError(name, self.names) from None
+
+    async def start(self) -> None:
+        for served in self.indexes.values():
+            await served.batcher.start()
+
+    async def close(self) -> None:
+        """Refuse new queries, then answer every queued one (each index's batcher drains)."""
+        for served in self.indexes.values():
+            await served.batcher.close()
+
+    async def __aenter__(self) -> RetrievalService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def accepting(self) -> bool:
+        return all(s.batcher.accepting for s in self.indexes.values())
+
+    async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: str,
+                       entities: Sequence[Sequence[str]] | None = None,
+                       return_seeds: bool = False, index: str | None = None,
+                       transport: str = "http") -> list[Answer]:
+        """Rank passages of index `index` for `queries`, batched with concurrent callers.
+
+        Arguments are taken as validated by the transport (limits, modes); `entities` is one
+        list per query or None, and is dropped for modes that do not read it.
+
+        Raises:
+            UnknownIndexError: `index` is not served.
+            QueueFullError, BatcherClosedError: see MicroBatcher.submit (and are counted).
+        """
+        served = self.get(index)
+        with_entities = entities is not None and mode in ENTITY_MODES
+        batch = [Query(q, list(entities[i]) if with_entities and entities is not None else None)
+                 for i, q in enumerate(queries)]  # fmt: skip
+        key = BatchKey(mode, top_k, return_seeds, with_entities)
+        started = time.monotonic()
+        status = "error"
+        try:
+            answers = await served.batcher.submit(batch, key)
+            status = "ok"
+            return answers
+        except QueueFullError:
+            status = "queue_full"
+            raise
+        except BatcherClosedError:
+            status = "shutting_down"
+            raise
+        except asyncio.CancelledError:  # the caller went away
+            status = "cancelled"
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_retrieve(
+                    index=served.name, mode=mode, transport=transport, status=status,
+                    queries=len(batch),
+                    seconds=time.monotonic() - started if status == "ok" else None)
+
+    def passage(self, key: str) -> dict[str, Any] | None:
+        """The passage with `key` and the served indexes that hold it (None: none does).
+
+        Keys are content hashes of the indexed text, so every index holding a key holds the same
+        title and text.
+        """
+        found: dict[str, Any] | None = None
+        for served in self.indexes.values():
+            index = served.holder.current.index
+            row = index.row_of_key.get(key)
+            if row is None:
+                continue
+            if found is None:
+                found = {"key": key, "title": index.passage_titles[row],
+                         "text": index.passage_texts[row], "indexes": []}
+            found["indexes"].append(served.name)
+        return found
