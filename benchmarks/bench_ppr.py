@@ -348,8 +348,8 @@ def main(args: argparse.Namespace) -> None:
         a small batch repeated would have its seeds cache-hot and look cheaper than a large one.
         """
         cols = torch.arange(-(-q_total // q) * q) % q_real
-        table = reset_t.to(dtype).index_select(1, cols).to(device=device)
-        return [table[:, i:i + q].contiguous() for i in range(0, table.shape[1], q)]
+        return [reset_t.index_select(1, cols[i:i + q]).to(dtype=dtype, device=device)
+                for i in range(0, cols.numel(), q)]  # one batch at a time: no [N, Q_total] copy
 
     print(
         f"graph={info['graph']} N={n} nnz={nnz} P={passages.size} queries={q_real} "
