@@ -506,7 +506,7 @@ def main(args: argparse.Namespace) -> None:
                     extra["distinct_batches"] = len(seeds)
                     x = solver(seeds[0])[:, :q_real].double().cpu().numpy()
                     add(name, dname, device, q, timing, x, **extra)
-                    del seeds, holder, x
+                    del seeds, holder, x, call  # the closure holds the batches too
                 if args.top_k and solver.method in ("iterate", "chebyshev"):
                     topk_rows += topk_report(solver, batch(q_real, dtype, dev), ref[:, :q_real],
                                              args, name, dname, device, prpack_ms)
