@@ -231,8 +231,8 @@ def build_transition(
     return Transition(matrix, dangling.to(device), damping)
 
 
-def _check_seeds(seeds: Tensor, num_nodes: int) -> Tensor:
-    """Validate [N, Q] reset weights; return their column sums 1ᵀr [1, Q] (two passes)."""
+def _check_seeds_shape(seeds: Tensor, num_nodes: int) -> None:
+    """The checks of :func:`_check_seeds` that read no values."""
     if not isinstance(seeds, Tensor) or seeds.layout != torch.strided:
         raise ValueError("seeds must be a dense torch.Tensor [N, Q]")
     if seeds.dim() != 2 or seeds.shape[0] != num_nodes:
@@ -241,6 +241,13 @@ def _check_seeds(seeds: Tensor, num_nodes: int) -> Tensor:
         raise ValueError(f"seeds must be float32 or float64, got {seeds.dtype}")
     if seeds.numel() == 0:
         raise ValueError("seeds has no entries")
+
+
+def _check_seeds(seeds: Tensor, num_nodes: int, *, first_column: int = 0) -> Tensor:
+    """Validate [N, Q] reset weights; return their column sums 1ᵀr [1, Q] (two passes).
+
+    ``first_column``: the batch column of ``seeds``' column 0 (errors name batch columns)."""
+    _check_seeds_shape(seeds, num_nodes)
     lowest = seeds.amin()  # NaN propagates: `not lowest >= 0` catches NaN and negatives
     if not bool(lowest >= 0):
         what = "NaN" if bool(torch.isnan(lowest)) else "negative entries"
@@ -249,7 +256,7 @@ def _check_seeds(seeds: Tensor, num_nodes: int) -> Tensor:
     if not bool(torch.isfinite(total).all()):
         raise ValueError("seeds contains inf (or columns whose sum overflows)")
     if bool((total <= 0).any()):
-        bad = torch.nonzero(total[0] <= 0).flatten().tolist()[:10]
+        bad = (torch.nonzero(total[0] <= 0).flatten() + first_column).tolist()[:10]
         raise ValueError(
             f"seed columns {bad} are all zero; each query needs a positive reset weight"
         )
@@ -754,7 +761,7 @@ class PPRSolver:
         max_iter = self.max_iter if max_iter is None else int(max_iter)
         top_k = self.top_k if top_k is None else _check_top_k(top_k)
         if self.backend == "numba" and self.damping > 0:  # normalises in-kernel: batch-invariant
-            _check_seeds(seeds, self.num_nodes)
+            _check_seeds_shape(seeds, self.num_nodes)  # values: per column group, in _numba
             scores, steps, bound, certified = self._numba(seeds, tol, max_iter, top_k or 0)
             converged = bool(certified.all())
         else:
@@ -808,7 +815,9 @@ class PPRSolver:
                 cols = seeds[:, q0:q0 + group]
                 if self._perm is not None:  # the copy also applies the locality order
                     cols = cols.index_select(0, self._perm)
-                reset = cols.contiguous().numpy()
+                cols = cols.contiguous()
+                _check_seeds(cols, n, first_column=q0)  # on the copy, while it is in cache
+                reset = cols.numpy()
                 _, widths, _ = ppr_cpu.block_layout(reset.shape[1], itemsize, threads, n)
                 slots = min(threads, widths.size)
                 if self._workspace is None or not ppr_cpu.workspace_fits(

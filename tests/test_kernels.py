@@ -254,3 +254,25 @@ def test_triton_solver_on_cuda(dtype: torch.dtype) -> None:
     expected = dense_ppr(dense_adjacency(edges, weights, n), reset)
     atol = PARITY_ATOL if dtype == torch.float64 else FLOAT32_ATOL
     np.testing.assert_allclose(out, expected, rtol=0, atol=atol)
+
+
+def test_numba_bad_seed_columns_are_named_in_batch_numbering() -> None:
+    """Values are validated per column group (on the group's copy); errors still name the
+    batch's own column numbers, also past the first group of 32 float32 columns."""
+    n, q = 769, 70
+    edges, weights, reset = _case(n, q, seed=13)
+    solver = _numba_solver(edges_to_csr(edges, weights, n), dtype=torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # groups of 32 columns: 0-31, 32-63, 64-69
+        for col in (3, 40, 66):
+            bad = torch.from_numpy(reset.copy())
+            bad[:, col] = 0
+            with pytest.raises(ValueError, match=rf"seed columns \[{col}\] are all zero"):
+                solver(bad)
+        bad = torch.from_numpy(reset.copy())
+        bad[5, 50] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            solver(bad)
+    finally:
+        torch.set_num_threads(threads)
