@@ -27,6 +27,7 @@ from hippo_gpu.data import (
     PassageTriples,
     Triple,
     as_passages,
+    memoised_normalize,
     read_openie,
 )
 from hippo_gpu.device import precision_dtype, resolve_device
@@ -40,7 +41,6 @@ from hippo_gpu.graph import (
     build_graph,
     extract_elements,
     fact_text,
-    normalize_text,
     phrase_passage_counts,
 )
 from hippo_gpu.index import Index
@@ -80,13 +80,7 @@ def corpus_state(passages: Sequence[Passage], docs: Sequence[OpenIEDoc]) -> Corp
     """Normalise each doc's triples (normalising twice changes nothing, so stored triples
     rebuild the same graph). Each distinct string is normalised once and the result shared, so
     a phrase in a thousand triples is one string object, not a thousand."""
-    memo: dict[str, str] = {}
-
-    def norm(s: str) -> str:
-        out = memo.get(s)
-        if out is None:
-            out = memo[s] = normalize_text(s)
-        return out
+    norm = memoised_normalize()
 
     return CorpusState(
         passages=list(passages),

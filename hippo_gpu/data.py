@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,20 @@ def normalize_text(s: str) -> str:
     Internal runs of spaces are kept, as upstream keeps them.
     """
     return _NORMALISE.sub(" ", s.lower()).strip()
+
+
+def memoised_normalize() -> Callable[[str], str]:
+    """normalize_text with a memo of its own: each distinct string is normalised once and the
+    result shared, so a phrase in a thousand triples is one string object, not a thousand."""
+    memo: dict[str, str] = {}
+
+    def norm(s: str) -> str:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = normalize_text(s)
+        return out
+
+    return norm
 
 
 def passage_key(content: str) -> str:

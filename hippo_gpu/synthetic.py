@@ -42,7 +42,7 @@ import torch
 from scipy.sparse import coo_matrix
 from torch import Tensor
 
-from hippo_gpu.data import OpenIEDoc, Passage, Triple, normalize_text, passage_key
+from hippo_gpu.data import OpenIEDoc, Passage, Triple, memoised_normalize, passage_key
 
 __all__ = ["SyntheticCorpus", "SyntheticGraph", "corpus_statistics", "synthetic_corpus",
            "synthetic_graph", "synthetic_reset_vectors"]
@@ -433,13 +433,7 @@ def corpus_statistics(
     p = len(docs)
     if p == 0:
         raise ValueError("corpus_statistics needs at least one doc")
-    cache: dict[str, str] = {}
-
-    def norm(s: str) -> str:
-        out = cache.get(s)
-        if out is None:
-            out = cache[s] = normalize_text(s)
-        return out
+    norm = memoised_normalize()
 
     phrase_row: dict[str, int] = {}
     predicates: set[str] = set()
