@@ -280,9 +280,8 @@ def main() -> None:
                 reference = asyncio.run(reference_pass(server.url, queries, args.mode, args.top_k))
             else:
                 asyncio.run(reference_pass(server.url, queries[:8], args.mode, args.top_k))
-            served_backend = index_stats.get("query_backend", backend)
-            print(f"\nserver batching {name} (max_batch={max_batch}), query backend {backend} "
-                  f"({served_backend}): ready in {startup_s:.1f} s")
+            print(f"\nserver batching {name} (max_batch={max_batch}), query backend {backend}: "
+                  f"ready in {startup_s:.1f} s")
             print(header)
             for c in args.concurrency:
                 before = server.stats()["batcher"]
@@ -329,7 +328,6 @@ def main() -> None:
                         "threads": args.threads,
                         "query_precision": args.query_precision,
                         "query_backend": backend,
-                        "served_query_backend": served_backend,
                         "requests_per_client": args.requests_per_client,
                         "max_seconds": args.max_seconds,
                         "n_distinct_queries": len(queries),

@@ -711,6 +711,7 @@ class PPRSolver:
             self._out_rows = None if target_nodes is None else targets.to(device)
         self._workspace = None  # the numba kernel's per-thread buffers, grown on demand
         self._scaled_values: np.ndarray | None = None  # d·M values for the numba kernel
+        self._identity: np.ndarray | None = None  # [N] 0..N-1 for the numba kernel, made once
         self._workspace_lock = threading.Lock()  # concurrent calls must not share them
 
     def to(self, device: torch.device | str) -> PPRSolver:
@@ -790,8 +791,10 @@ class PPRSolver:
         if self.transition is None:
             raise RuntimeError("PPRSolver has no transition for the numba kernel")
         n, q = seeds.shape
-        identity = torch.arange(n).numpy()
-        rows = (self._out_rows if self._out_rows is not None else torch.arange(n)).numpy()
+        if self._identity is None:  # seeds arrive permuted, so the kernel's own perm is identity
+            self._identity = np.arange(n, dtype=np.int64)
+        identity = self._identity
+        rows = identity if self._out_rows is None else self._out_rows.numpy()
         weights = np.asarray(
             chebyshev_weights(self.damping, max_iter)
             if self.method == "chebyshev"
