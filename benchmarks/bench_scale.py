@@ -51,7 +51,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--encoder", default="hash:64", help="encoder of the build (default hash:64)")
     ap.add_argument("--knn-backend", default="auto",
                     help="GraphConfig.knn_backend of the build (auto: exact below 50k phrases, "
-                         "else faiss-ivf with measured recall; or faiss-hnsw, faiss-flat ...)")
+                         "else ivf-join with held-out recall; or faiss-ivf, faiss-flat ...)")
     ap.add_argument("--batches", default="1,32,256", help="query batch sizes Q")
     ap.add_argument("--modes", default="hipporag2,dense")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per (mode, Q)")

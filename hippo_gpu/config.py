@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
-KNN_BACKENDS = ("auto", "faiss-flat", "faiss-hnsw", "faiss-ivf", "faiss-gpu", "torch")
+KNN_BACKENDS = ("auto", "faiss-flat", "ivf-join", "faiss-hnsw", "faiss-ivf", "faiss-gpu", "torch")
 PRECISIONS = ("float32", "bfloat16", "float16")
 
 
@@ -75,9 +75,12 @@ class GraphConfig:
     synonym_overwrites_facts: upstream stores edge weights in a dict keyed by ordered pair and a
         synonym assignment overwrites a fact count on the same orientation. True reproduces it
         (the default, for parity); False adds the synonym score to the fact count instead.
-    knn_backend: "auto" (faiss-gpu on CUDA when installed, else exact faiss-flat), "faiss-flat"
-        (exact, parity), "faiss-hnsw" / "faiss-ivf" (approximate, for millions of phrases),
-        "faiss-gpu", or "torch" (chunked GEMM + top-k on the index device).
+    knn_backend: "auto" (below 50k phrases exact: faiss-gpu on CUDA when installed, else
+        faiss-flat; from 50k on "ivf-join"), "faiss-flat" (exact, parity), "ivf-join" (the
+        approximate threshold join of cosine_join, torch on the index device, recall measured
+        on held-out phrases), "faiss-hnsw" / "faiss-ivf" (approximate faiss searches, slower
+        at millions of phrases), "faiss-gpu", or "torch" (chunked GEMM + top-k on the index
+        device).
     """
 
     synonym_top_k: int = 2047

@@ -76,7 +76,7 @@ def test_auto_backend_is_exact_below_the_threshold_and_approximate_above():
     cpu = torch.device("cpu")
     assert resolve_knn_backend("auto", cpu, 16_235) == "faiss-flat"  # musique_train: exact
     assert resolve_knn_backend("auto", cpu, EXACT_BELOW - 1) == "faiss-flat"
-    assert resolve_knn_backend("auto", cpu, EXACT_BELOW) == "faiss-ivf"
+    assert resolve_knn_backend("auto", cpu, EXACT_BELOW) == "ivf-join"
     assert resolve_knn_backend("faiss-flat", cpu, 10 * EXACT_BELOW) == "faiss-flat"
 
 

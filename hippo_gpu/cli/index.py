@@ -51,9 +51,10 @@ def index(
     encoder_precision: str = typer.Option(
         "float32", help="encoder compute precision while indexing: float32 | bfloat16 "
                         "(bfloat16 changes the vectors, hence the synonym edges; measure first)"),
-    knn_backend: str = typer.Option("auto", help="auto (exact below 50k phrases, else IVF "
-                                                 "with measured recall) | faiss-flat | "
-                                                 "faiss-hnsw | faiss-ivf | faiss-gpu | torch"),
+    knn_backend: str = typer.Option("auto", help="auto (exact below 50k phrases, else "
+                                                 "ivf-join with held-out recall) | faiss-flat "
+                                                 "| ivf-join | faiss-hnsw | faiss-ivf | "
+                                                 "faiss-gpu | torch"),
     allow_missing_openie: bool = typer.Option(
         False, help="index corpus passages the OpenIE file lacks, without triples"),
     cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
