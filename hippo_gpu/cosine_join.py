@@ -132,7 +132,7 @@ def probes_needed(pairs_u: np.ndarray, pairs_v: np.ndarray, probes: np.ndarray,
 
 
 def threshold_join(x: torch.Tensor, probes: torch.Tensor, query_rows: np.ndarray,
-                   threshold: float, *, row_chunk: int = 1 << 20, block: int = 2048,
+                   threshold: float, *, row_chunk: int = 1 << 19, block: int = 2048,
                    show_progress: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pairs (u, v, u · v) with u in `query_rows`, list(v) in probes(u) and u · v >= threshold
     (u == v included: callers drop it).
