@@ -218,15 +218,22 @@ def edge_counts(elements: GraphElements, phrase_pair_keys: int, passage_pairs: i
 
 
 def coo_to_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int) -> torch.Tensor:
-    """Sum duplicate (row, col) entries and return a float32 torch sparse CSR [n, n]."""
-    key = rows.astype(np.int64) * n + cols.astype(np.int64)
-    uniq, inv = np.unique(key, return_inverse=True)
-    summed = np.bincount(inv, weights=vals, minlength=len(uniq))
-    r = uniq // max(n, 1)
-    c = uniq % max(n, 1)
-    crow = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))]).astype(np.int64)
-    return make_csr(torch.from_numpy(crow), torch.from_numpy(c.astype(np.int64)),
-                    torch.from_numpy(summed.astype(np.float32)), n)
+    """Sum duplicate (row, col) entries and return a float32 torch sparse CSR [n, n] (columns
+    sorted within each row).
+
+    scipy's COO -> CSR buckets the entries by row in O(nnz) with int32 indices (when n fits),
+    then sorts each row and sums its duplicates in float64: about 16 bytes per entry, where
+    np.unique on int64 keys held ~40 (key, sorted copy, order, inverse): 4 GB less at the 59M
+    entries of 1M passages. In build_graph an entry has at most two terms (S and S^T), so the
+    sums are exact whatever their order.
+    """
+    from scipy.sparse import coo_matrix
+
+    mat = coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
+    mat.sum_duplicates()  # canonical: sorted columns, one entry per (row, col)
+    return make_csr(torch.from_numpy(mat.indptr.astype(np.int64)),
+                    torch.from_numpy(mat.indices.astype(np.int64)),
+                    torch.from_numpy(mat.data.astype(np.float32)), n)
 
 
 def make_csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, n: int) -> torch.Tensor:
