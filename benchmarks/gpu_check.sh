@@ -25,9 +25,10 @@
 #   ppr          benchmarks/bench_ppr.py on CUDA (command in PPR_CMD below; PASS = it ran)
 #   ppr_kernel   benchmarks/gpu_ppr_kernel_check.py, only if that file exists (SKIP otherwise)
 #   scale        benchmarks/bench_scale.py at SCALE_PASSAGES (default 1,000,000) on CUDA: the
-#                synthetic corpus built through build_index (hash:64 vectors, synonym kNN on
-#                the GPU with faiss-gpu's IVF when installed, else IVF on the CPU; recall in
-#                the line), then load and retrieval timings at Q = 1/32/256. Not in the default
+#                synthetic corpus built through build_index (hash:64 vectors, synonym kNN by
+#                ivf-join, whose k-means, probes and GEMM blocks run in torch on the GPU, no
+#                faiss needed; held-out recall in the line), then load and retrieval timings
+#                at Q = 1/32/256. Not in the default
 #                step list (it alone needs ~its 480 s): run it with GPU_CHECK_STEPS=scale.
 # GPU_CHECK_STEPS (default "cuda_tests retrieval ppr ppr_kernel") picks the steps to run.
 # Without CUDA every check step SKIPs at once (bench_ppr would otherwise fall back to the CPU).

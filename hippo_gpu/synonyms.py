@@ -353,6 +353,16 @@ def exact_topk(x: torch.Tensor, rows: np.ndarray, k: int,
     return best_s.numpy(), best_i.numpy()
 
 
+def _cap_per_source(src: np.ndarray, dst: np.ndarray, score: np.ndarray,
+                    max_neighbors: int) -> SynonymEdges:
+    """Per source, its `max_neighbors` best pairs by score (the walk's acceptance order)."""
+    order = np.lexsort((-score, src))
+    src, dst, score = src[order], dst[order], score[order]
+    starts = np.searchsorted(src, src, side="left")
+    cap = (np.arange(len(src)) - starts) < max_neighbors
+    return SynonymEdges(src[cap], dst[cap], score[cap].astype(np.float32))
+
+
 def symmetrize_synonym_edges(edges: SynonymEdges, eligible: np.ndarray,
                              max_neighbors: int) -> SynonymEdges:
     """Each found pair in both orientations (where the source is eligible), duplicates dropped,
@@ -365,13 +375,8 @@ def symmetrize_synonym_edges(edges: SynonymEdges, eligible: np.ndarray,
     keep = eligible[src] & (src != dst)
     src, dst, score = src[keep], dst[keep], score[keep]
     _, first = np.unique(src * max(m, 1) + dst, return_index=True)
-    src, dst, score = src[first], dst[first], score[first]
-    order = np.lexsort((-score, src))  # by source, best score first
-    src, dst, score = src[order], dst[order], score[order]
-    starts = np.searchsorted(src, src, side="left")
-    cap = (np.arange(len(src)) - starts) < max_neighbors
-    return SynonymEdges(src[cap].astype(np.int64), dst[cap].astype(np.int64),
-                        score[cap].astype(np.float32))
+    return _cap_per_source(src[first].astype(np.int64), dst[first].astype(np.int64),
+                           score[first], max_neighbors)
 
 
 def edge_recall(approx: SynonymEdges, exact: SynonymEdges) -> float:
@@ -536,16 +541,6 @@ def approximate_synonym_edges(
     info.update({index.name: index.value}, recall_vs_exact=round(recall, 4),
                 recall_sample=int(len(sample)), recall_edges=int(len(exact.src)))
     return edges, info
-
-
-def _cap_per_source(src: np.ndarray, dst: np.ndarray, score: np.ndarray,
-                    max_neighbors: int) -> SynonymEdges:
-    """Per source, its `max_neighbors` best pairs by score (the walk's acceptance order)."""
-    order = np.lexsort((-score, src))
-    src, dst, score = src[order], dst[order], score[order]
-    starts = np.searchsorted(src, src, side="left")
-    cap = (np.arange(len(src)) - starts) < max_neighbors
-    return SynonymEdges(src[cap], dst[cap], score[cap].astype(np.float32))
 
 
 def join_synonym_edges(
