@@ -1,19 +1,26 @@
 """Query x embedding scores in blocks whose bits do not depend on the blocking.
 
-Retrieval scores Q queries against F facts, P passages or M phrases with one GEMM each; at a
-million passages a whole [Q, F] product no longer fits (F ~ 9M: 9 GB at Q = 256 in float32), so
-hippo_gpu.search takes it in blocks of embedding rows and of queries. For the results to be
-those of the whole product, each block must give the same bits as the whole GEMM would. BLAS
-promises no such thing; what we rely on, and test (tests/test_chunked_search.py), on the CPU:
+Retrieval scores Q queries against F facts, P passages or M phrases; at a million passages a
+whole [Q, F] product no longer fits (F ~ 9M: 9 GB at Q = 256 in float32), so hippo_gpu.search
+takes it in blocks of embedding rows and of queries. For the results to be those of the whole
+product, each block must give the same bits as the whole would. BLAS promises no such thing:
+MKL picks its kernel and its split of the work between threads from the whole shape, and
+measured on two CPUs (torch 2.13's MKL, 2 threads) the bits moved with the shape in different
+ways: on an AVX2 AMD EPYC, blocks of 256 rows matched the whole product, while on an AVX-512
+Intel Xeon a [40, 384] x [384, 2000] product differed from its 1024-row blocks and 8-query
+panels differed from the 40-query product at 1 thread (up to 1.6e-7).
 
-* Query rows padded with zeros to a multiple of QUERY_PANEL (8) all run through the same
-  full-panel micro-kernel, so a query's scores are bit-identical alone, in any batch and in any
-  chunk of queries. Unpadded, the rows of a short tail panel (Q mod 8) and batches of 1-2 rows
-  take other kernels and differ in the last bit (MKL, measured: up to 2.4e-7).
-* Blocks of embedding rows that start at multiples of ROW_ALIGN (256) give the bits of the whole
-  product (measured: blocks of 16 rows do not; 64 and up do).
+So on the CPU the product is never one GEMM of the caller's shape: `scores_against` computes
+every [A, B] product as GEMMs of one fixed shape, [QUERY_PANEL, D] x [D, ROW_ALIGN] (query rows
+padded with zeros to a full panel; the last slab of embedding rows is what is left of it).
+Whatever the batch or the block, a query's score against row j comes from the same GEMM shape
+on the same operands: bit-identical by construction, on any CPU, as long as blocks of embedding
+rows start at multiples of ROW_ALIGN (block_rows guarantees it) and query chunks at multiples of
+QUERY_PANEL. The cost is one small GEMM per panel and slab (~2 s per 256 queries x 9M facts
+here, against minutes for the rest of such a batch).
 
-On CUDA (cuBLAS picks kernels by shape) blocks agree to float32 round-off, not bit for bit.
+On CUDA (cuBLAS picks kernels by shape) one GEMM is used and blocks agree to float32
+round-off, not bit for bit.
 """
 
 from __future__ import annotations
@@ -23,22 +30,32 @@ from torch import Tensor
 
 __all__ = ["QUERY_PANEL", "ROW_ALIGN", "block_rows", "nearest_rows", "scores_against", "spans"]
 
-QUERY_PANEL = 8  # query rows of every GEMM are padded to a multiple of this
-ROW_ALIGN = 256  # embedding-row blocks start at multiples of this
+QUERY_PANEL = 8  # query rows per GEMM (the batch is padded to a multiple of this)
+ROW_ALIGN = 1024  # embedding rows per GEMM; embedding-row blocks start at multiples of this
 
 
 def scores_against(queries: Tensor, emb: Tensor) -> Tensor:
     """[A, D] query vectors x [B, D] embedding rows -> [A, B] dot products in `emb`'s dtype.
 
-    The query rows are padded with zero rows to a multiple of QUERY_PANEL before the GEMM (see
-    the module docstring): row i of the result does not depend on the other rows.
+    On the CPU, one [QUERY_PANEL, D] x [D, ROW_ALIGN] GEMM per query panel and embedding slab
+    (see the module docstring): entry (i, j) does not depend on the other rows or on how the
+    caller blocked the embedding rows (at multiples of ROW_ALIGN). On CUDA, one GEMM.
     """
     x = queries.to(emb.device, emb.dtype)
-    a = x.shape[0]
+    a, b = x.shape[0], emb.shape[0]
+    if emb.device.type != "cpu":
+        return x @ emb.T
     pad = (-a) % QUERY_PANEL
     if pad:
         x = torch.cat([x, x.new_zeros((pad, x.shape[1]))])
-    return (x @ emb.T)[:a]
+    out = torch.empty((a, b), dtype=emb.dtype)
+    slab_rows = ROW_ALIGN
+    for c in range(0, b, slab_rows):
+        slab_t = emb[c:c + slab_rows].T  # [D, R]
+        for r in range(0, a, QUERY_PANEL):
+            block = x[r:r + QUERY_PANEL] @ slab_t  # [QUERY_PANEL, R]: the one shape
+            out[r:r + QUERY_PANEL, c:c + slab_rows] = block[: a - r]
+    return out
 
 
 def spans(total: int, size: int) -> list[tuple[int, int]]:

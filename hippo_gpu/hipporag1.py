@@ -407,6 +407,10 @@ def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner
     # assignment, as v1: a phrase linked by two entities of a query keeps one weight
     seeds[rows, col_of.index_select(0, owner)] = graph.specificity.index_select(0, rows)
     x = solver(seeds)  # [M, Q'] PPR of the phrase graph, columns sum to 1
-    doc = (graph.passage_phrase.to(dtype) @ x).T  # [Q', P] = (D (FP x))ᵀ
+    # [Q', P] = (D (FP x))ᵀ, one sparse matrix-vector product per column: MKL's sparse x dense
+    # product sums in an order that depends on the number of columns (measured on AVX-512), so
+    # a query's scores would depend on its chunk; column by column they do not
+    incidence = graph.passage_phrase.to(dtype)
+    doc = torch.stack([incidence @ x[:, j] for j in range(x.shape[1])])
     scores[cols] = _minmax_rows(doc)
     return scores, has

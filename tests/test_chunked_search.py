@@ -34,19 +34,30 @@ TINY = 1  # bytes: one query per chunk, ROW_ALIGN-row embedding blocks
 def test_scores_against_is_the_product_and_does_not_depend_on_the_blocking(dim, dtype) -> None:
     gen = torch.Generator().manual_seed(dim)
     x = torch.nn.functional.normalize(torch.randn(37, dim, generator=gen), dim=1)
-    emb = torch.nn.functional.normalize(torch.randn(2000, dim, generator=gen), dim=1).to(dtype)
+    rows_total = 3 * blockwise.ROW_ALIGN + 500  # three full slabs and a tail
+    emb = torch.nn.functional.normalize(torch.randn(rows_total, dim, generator=gen),
+                                        dim=1).to(dtype)
     whole = scores_against(x, emb)
-    assert whole.shape == (37, 2000) and whole.dtype == dtype
+    assert whole.shape == (37, rows_total) and whole.dtype == dtype
     want = x.to(dtype).double() @ emb.double().T  # float64 dot products of the same inputs
     tol = 1e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(whole.double(), want, atol=tol, rtol=0)
     alone = torch.cat([scores_against(x[i:i + 1], emb) for i in range(37)])
     assert torch.equal(alone, whole)  # a query alone: the same bits as in the batch
-    for qc, rows in ((3, 256), (5, 512), (16, 1024)):
-        blocked = torch.cat([torch.cat([scores_against(x[a:b], emb[c:d])
-                                        for c, d in spans(2000, rows)], dim=1)
-                             for a, b in spans(37, qc)])
-        assert torch.equal(blocked, whole), (qc, rows)
+    # query chunks at multiples of QUERY_PANEL, row blocks at multiples of ROW_ALIGN (the
+    # contract search keeps), one thread and two: the bits of the whole product
+    align, before = blockwise.ROW_ALIGN, torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)  # MKL's bits depend on its thread count: compare
+            whole = scores_against(x, emb)  # at one count
+            for qc, rows in ((8, align), (16, 2 * align), (32, 3 * align)):
+                blocked = torch.cat([torch.cat([scores_against(x[a:b], emb[c:d])
+                                                for c, d in spans(rows_total, rows)], dim=1)
+                                     for a, b in spans(37, qc)])
+                assert torch.equal(blocked, whole), (threads, qc, rows)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_nearest_rows_takes_the_first_maximum_across_blocks() -> None:
@@ -64,7 +75,7 @@ def test_nearest_rows_takes_the_first_maximum_across_blocks() -> None:
 def test_block_rows_and_spans() -> None:
     align = blockwise.ROW_ALIGN
     assert block_rows(1000, 10, 10_000) == 1000  # fits: one block of everything
-    assert block_rows(100_000, 10, 10_000) == 1000 // align * align  # 1000 rows fit: rounded
+    assert block_rows(100_000, 10, 10 * (3 * align + 7)) == 3 * align  # rounded down to align
     assert block_rows(100_000, 10, 10 * 5 * align) == 5 * align
     assert block_rows(100_000, 10, 1) == align  # never below ROW_ALIGN
     assert spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
@@ -197,12 +208,13 @@ def test_sample_chunked_equals_one_chunk(sample_searcher, monkeypatch, mode, dty
     if ents is not None:
         ents[1] = []  # a query without entities
     filt = _KeepOdd() if with_filter else None
+    # the sample's facts fit one ROW_ALIGN block: 64-row GEMM slabs and blocks split them (the
+    # slab width fixes the bits, so the one-chunk reference runs with it too)
+    monkeypatch.setattr(blockwise, "ROW_ALIGN", 64)
     whole = _run(sample_searcher, queries, mode, ONE_CHUNK, monkeypatch, dtype=dtype,
                  entities=ents, fact_filter=filt)
     idx = sample_searcher.index
     assert plan_chunks(idx, len(queries), RetrievalConfig()).query_cols == 9
-    # the sample's facts fit one 256-row block: 64-row blocks (also bit-exact) split them
-    monkeypatch.setattr(blockwise, "ROW_ALIGN", 64)
     tiny = plan_chunks(idx, len(queries), RetrievalConfig(chunk_bytes=TINY))
     assert tiny.query_cols == 1 and tiny.fact_rows == 64 < len(idx.facts)
     for budget in (TINY, 3 * _column_bytes(sample_searcher, dtype)):
@@ -240,8 +252,8 @@ def test_sample_retrieve_hits_are_identical(sample_searcher) -> None:
 
 def test_hipporag2_reset_vectors_use_the_blocked_fact_top_k(sample_searcher,
                                                             monkeypatch) -> None:
-    whole = sample_searcher.hipporag2_reset_vectors(QUERIES, RetrievalConfig())
     monkeypatch.setattr(blockwise, "ROW_ALIGN", 64)  # several fact blocks on the sample
+    whole = sample_searcher.hipporag2_reset_vectors(QUERIES, RetrievalConfig())
     assert plan_chunks(sample_searcher.index, 3, RetrievalConfig(chunk_bytes=TINY)).fact_rows \
         < len(sample_searcher.index.facts)
     tiny = sample_searcher.hipporag2_reset_vectors(QUERIES, RetrievalConfig(chunk_bytes=TINY))
