@@ -230,20 +230,9 @@ def select_synonym_edges(
     if s.size == 0:
         z = np.zeros(0, dtype=np.int64)
         return SynonymEdges(z, z, np.zeros(0, dtype=np.float32))
-    alnum = np.fromiter((len(_NON_ALNUM.sub("", p)) for p in phrases), dtype=np.int64, count=m)
-    eligible = alnum > cfg.synonym_min_alnum  # [M]
-    empty = np.fromiter((p == "" for p in phrases), dtype=bool, count=m)
-    own = (np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64))[:, None]  # [R, 1]
-    present = i >= 0
-    stopped = np.maximum.accumulate((s < cfg.synonym_threshold) | ~present, axis=1)
-    safe = np.where(present, i, 0)
-    valid = present & (i != own) & ~empty[safe]
-    keep = valid & ~stopped
-    keep &= np.cumsum(keep, axis=1) <= cfg.synonym_max_neighbors
-    keep &= eligible[own]
-    r, col = np.nonzero(keep)
-    return SynonymEdges(src=own[r, 0].astype(np.int64), dst=i[r, col].astype(np.int64),
-                        score=s[r, col])
+    eligible, empty = phrase_masks(phrases, cfg)  # [M] each
+    own = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)  # [R]
+    return _walk(s, i, own, eligible, empty, cfg)
 
 
 # Margin below the threshold within which a changed phrase marks a phrase as affected: the
@@ -321,7 +310,7 @@ def phrase_masks(phrases: list[str], cfg: GraphConfig) -> tuple[np.ndarray, np.n
 
 def _walk(scores: np.ndarray, ids: np.ndarray, rows: np.ndarray, eligible: np.ndarray,
           empty: np.ndarray, cfg: GraphConfig) -> SynonymEdges:
-    """select_synonym_edges' walk on [R, k] results of `rows`, with the phrase masks given."""
+    """The walk of select_synonym_edges on [R, k] results of `rows`, phrase masks given."""
     own = rows[:, None]
     present = ids >= 0
     stopped = np.maximum.accumulate((scores < cfg.synonym_threshold) | ~present, axis=1)
@@ -386,6 +375,16 @@ def edge_recall(approx: SynonymEdges, exact: SynonymEdges) -> float:
     want = set(zip(exact.src.tolist(), exact.dst.tolist()))
     got = set(zip(approx.src.tolist(), approx.dst.tolist()))
     return len(want & got) / len(want)
+
+
+def sample_recall(edges: SynonymEdges, rows: np.ndarray, exact: SynonymEdges,
+                  num_phrases: int) -> float:
+    """edge_recall of the `edges` whose source is one of `rows` against `exact` (the exact
+    edges of those rows): the sampled recall the approximate builds report."""
+    mine = np.zeros(num_phrases, dtype=bool)
+    mine[rows] = True
+    pick = mine[edges.src]
+    return edge_recall(SynonymEdges(edges.src[pick], edges.dst[pick], edges.score[pick]), exact)
 
 
 class _AnnIndex:
@@ -513,8 +512,6 @@ def approximate_synonym_edges(
         rows_all, min(recall_sample, len(rows_all)), replace=False))
     es, ei = exact_topk(x_t, sample, k)
     exact = _walk(es, ei, sample, eligible, empty, cfg)
-    in_sample = np.zeros(m, dtype=bool)
-    in_sample[sample] = True
     # widen until the sample's own lists reach `tune_recall`; the symmetric union over all
     # phrases' lists (below) then finds most of the rest: a pair is missed only when both of its
     # searches miss it, about (1 - r)^2 for a one-sided recall r (measured on 256k synthetic
@@ -533,9 +530,7 @@ def approximate_synonym_edges(
                          np.concatenate([e.dst for e in parts]),
                          np.concatenate([e.score for e in parts]).astype(np.float32)),
             eligible, cfg.synonym_max_neighbors)
-        pick = in_sample[edges.src]
-        recall = edge_recall(SynonymEdges(edges.src[pick], edges.dst[pick], edges.score[pick]),
-                             exact)
+        recall = sample_recall(edges, sample, exact, m)
         if recall >= target_recall or not index.widen():
             break
     info.update({index.name: index.value}, recall_vs_exact=round(recall, 4),
@@ -617,16 +612,9 @@ def join_synonym_edges(
     edges = symmetrize_synonym_edges(SynonymEdges(s[keep], d[keep], sc[keep]), eligible,
                                      cfg.synonym_max_neighbors)
 
-    def recall_on(rows: np.ndarray, exact: SynonymEdges) -> float:
-        mine = np.zeros(m, dtype=bool)
-        mine[rows] = True
-        pick = mine[edges.src]
-        return edge_recall(SynonymEdges(edges.src[pick], edges.dst[pick], edges.score[pick]),
-                           exact)
-
     held_exact = exact_edges(held) if len(held) else none
     info.update(nlist=nl, nprobe=p, device=str(dev),
-                recall_vs_exact=round(recall_on(held, held_exact), 4),
-                recall_tune=round(recall_on(tune, tune_exact), 4),
+                recall_vs_exact=round(sample_recall(edges, held, held_exact, m), 4),
+                recall_tune=round(sample_recall(edges, tune, tune_exact, m), 4),
                 recall_sample=int(len(held)), recall_edges=int(len(held_exact.src)))
     return edges, info
