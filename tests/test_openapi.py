@@ -25,13 +25,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from hippo_gpu.config import MODES  # noqa: E402
-from hippo_gpu.serve.server import (  # noqa: E402
-    NONBLANK,
-    WHITESPACE,
-    ServerConfig,
-    create_app,
-    request_model,
-)
+from hippo_gpu.serve.schema import NONBLANK, WHITESPACE, request_model  # noqa: E402
+from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.test_server import serving  # noqa: E402
 
 TOKEN = "openapi-token-5d2e"

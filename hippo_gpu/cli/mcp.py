@@ -12,8 +12,11 @@ import sys
 import typer
 
 from hippo_gpu.device import DEVICE_CHOICES
+from hippo_gpu.serve.config import QueryLimits
 
 __all__ = ["register"]
+
+_LIMITS = QueryLimits()  # the flags' defaults
 
 
 def register(app: typer.Typer) -> None:
@@ -32,8 +35,9 @@ def mcp(
     max_batch: int = typer.Option(64, min=1, help="most queries per batched retrieve (1: off)"),
     max_wait_ms: float = typer.Option(5.0, min=0.0, help="longest wait for a batch to fill"),
     max_queue: int = typer.Option(1024, min=1, help="most waiting queries; beyond: tool error"),
-    max_query_chars: int = typer.Option(2000, min=1, help="longer queries: tool error"),
-    max_top_k: int = typer.Option(1000, min=1, help="larger top_k: tool error"),
+    max_query_chars: int = typer.Option(_LIMITS.max_query_chars, min=1,
+                                        help="longer queries: tool error"),
+    max_top_k: int = typer.Option(_LIMITS.max_top_k, min=1, help="larger top_k: tool error"),
     warmup: bool = typer.Option(True, help="load the encoder and solvers before answering"),
 ) -> None:
     """Serve the MCP tools `retrieve` and `stats` and the resource passage://{key} over stdio."""
@@ -48,7 +52,7 @@ def mcp(
     from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
     from hippo_gpu.serve.batcher import BatcherConfig
-    from hippo_gpu.serve.service import QueryLimits, RetrievalService, parse_index_specs
+    from hippo_gpu.serve.service import RetrievalService, parse_index_specs
 
     try:
         specs = parse_index_specs(index)

@@ -3,7 +3,7 @@
 The bearer token is read here, from the environment variable named by --token-env, and handed to
 the server config; library code never reads the environment. With a token, the OpenAPI schema
 declares bearer security on /v1/*; without one it declares none. Loopback is the default host.
-Every request limit below is part of the served OpenAPI schema (see hippo_gpu.serve.server).
+Every request limit below is part of the served OpenAPI schema (see hippo_gpu.serve.schema).
 """
 
 from __future__ import annotations
@@ -13,19 +13,17 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
-
-if TYPE_CHECKING:
-    from hippo_gpu.serve.server import ServerConfig
+from hippo_gpu.serve.config import QueryLimits, ServerConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_ENV = "HIPPO_GPU_TOKEN"
+_LIMITS = QueryLimits()  # the flags' defaults
 
 
 def register(app: typer.Typer) -> None:
@@ -45,12 +43,19 @@ def serve(
     max_wait_ms: float = typer.Option(5.0, min=0.0, help="longest wait for a batch to fill"),
     max_queue: int = typer.Option(1024, min=1, help="most waiting queries; beyond -> 429"),
     max_queries_per_request: int = typer.Option(64, min=1, help="beyond -> 422 (in the schema)"),
-    max_query_chars: int = typer.Option(2000, min=1, help="longer queries -> 422 (in the schema)"),
-    max_entities_per_query: int = typer.Option(
-        16, min=1, help="more entities for one query -> 422 (in the schema)"
+    max_query_chars: int = typer.Option(
+        _LIMITS.max_query_chars, min=1, help="longer queries -> 422 (in the schema)"
     ),
-    max_entity_chars: int = typer.Option(200, min=1, help="longer entities -> 422 (in the schema)"),
-    max_top_k: int = typer.Option(1000, min=1, help="larger top_k -> 422 (in the schema)"),
+    max_entities_per_query: int = typer.Option(
+        _LIMITS.max_entities_per_query, min=1,
+        help="more entities for one query -> 422 (in the schema)"
+    ),
+    max_entity_chars: int = typer.Option(
+        _LIMITS.max_entity_chars, min=1, help="longer entities -> 422 (in the schema)"
+    ),
+    max_top_k: int = typer.Option(
+        _LIMITS.max_top_k, min=1, help="larger top_k -> 422 (in the schema)"
+    ),
     token_env: str = typer.Option(
         DEFAULT_TOKEN_ENV, help="env var holding the bearer token; unset or empty: no auth"
     ),
@@ -94,7 +99,7 @@ def serve(
     from hippo_gpu.device import set_threads
     from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
-    from hippo_gpu.serve.server import ServerConfig, create_app
+    from hippo_gpu.serve.server import create_app
     from hippo_gpu.serve.service import parse_index_specs
     from hippo_gpu.serve.writes import SearcherHolder
 
@@ -107,10 +112,9 @@ def serve(
         config = ServerConfig(
             batcher=BatcherConfig(max_batch, max_wait_ms, max_queue),
             max_queries_per_request=max_queries_per_request,
-            max_query_chars=max_query_chars,
-            max_entities_per_query=max_entities_per_query,
-            max_entity_chars=max_entity_chars,
-            max_top_k=max_top_k,
+            limits=QueryLimits(max_query_chars=max_query_chars,
+                               max_entities_per_query=max_entities_per_query,
+                               max_entity_chars=max_entity_chars, max_top_k=max_top_k),
             token=token,
             mcp=mcp,
         )

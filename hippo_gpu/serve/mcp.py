@@ -10,9 +10,9 @@ Resource:
 
 A retrieve call goes through `RetrievalService.retrieve`, i.e. the same per-index micro-batcher
 as the HTTP API, so MCP and HTTP queries share batches. Arguments are checked against the same
-per-query limits as HTTP (`QueryLimits`, stated in the tool's input schema); a bad argument, an
-unknown index, hipporag1 without entities or a full queue come back as a tool error (a result with
-`isError` and a message), never as a crash of the session.
+per-query limits as HTTP (the server's `QueryLimits`, serve/config.py, stated in the tool's input
+schema); a bad argument, an unknown index, hipporag1 without entities or a full queue come back
+as a tool error (a result with `isError` and a message), never as a crash of the session.
 
 Transports: stdio (`hippo-gpu mcp --index DIR`, `serve_stdio`) and streamable HTTP mounted on the
 HTTP server (`mount_streamable_http`, used by serve/server.py, which applies its bearer token).
@@ -36,7 +36,8 @@ from starlette.types import ASGIApp
 
 from hippo_gpu.config import MODES
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
-from hippo_gpu.serve.service import QueryLimits, RetrievalService, UnknownIndexError
+from hippo_gpu.serve.config import QueryLimits
+from hippo_gpu.serve.service import RetrievalService, UnknownIndexError
 
 __all__ = ["MountedMCP", "build_mcp_server", "mount_streamable_http", "serve_stdio"]
 

@@ -27,7 +27,6 @@ import math
 import re
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -53,7 +52,6 @@ __all__ = [
     "Answer",
     "BatchKey",
     "Query",
-    "QueryLimits",
     "RetrievalService",
     "ServedIndex",
     "UnknownIndexError",
@@ -126,16 +124,6 @@ def parse_index_specs(values: Sequence[str]) -> dict[str, Path]:
                              "--index NAME=DIR")
         specs[name] = path
     return specs
-
-
-@dataclass(frozen=True)
-class QueryLimits:
-    """Per-query limits every transport enforces (HTTP: in the schema; MCP: in the tool's)."""
-
-    max_query_chars: int = 2_000
-    max_entities_per_query: int = 16
-    max_entity_chars: int = 200
-    max_top_k: int = 1_000
 
 
 class BatchKey(NamedTuple):

@@ -1,0 +1,104 @@
+"""What a server enforces: the per-query limits every transport shares, and the HTTP server's
+config that owns them.
+
+`QueryLimits` is the one statement of the per-query limits (characters, entities, top_k): the
+HTTP request schema (serve/schema.py) and the MCP tools' input schemas (serve/mcp.py) are both
+built from it. `ServerConfig` holds one `QueryLimits` beside what only HTTP has: how many queries
+one request may carry, the micro-batcher's limits, the bearer token and whether /mcp is served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hippo_gpu.serve.batcher import BatcherConfig
+
+__all__ = ["QueryLimits", "ServerConfig"]
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Per-query limits every transport enforces (HTTP: in the schema; MCP: in the tool's).
+
+    Attributes:
+        max_query_chars: most characters (code points) in one query.
+        max_entities_per_query: most entity strings given for one query.
+        max_entity_chars: most characters in one entity string.
+        max_top_k: largest accepted top_k.
+    """
+
+    max_query_chars: int = 2_000
+    max_entities_per_query: int = 16
+    max_entity_chars: int = 200
+    max_top_k: int = 1_000
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_positive(f.name, getattr(self, f.name))
+
+
+@dataclass(frozen=True, init=False)
+class ServerConfig:
+    """Server limits; each one is also in the OpenAPI schema (violations -> 422).
+
+    `ServerConfig(max_top_k=50)` is short for `ServerConfig(limits=QueryLimits(max_top_k=50))`:
+    keyword arguments named after `QueryLimits` fields replace those fields of `limits`, so a
+    caller (the CLI, a test) can give every limit flat.
+
+    Attributes:
+        batcher: micro-batching limits (max_batch, max_wait_ms, max_queue).
+        max_queries_per_request: most queries in one request.
+        limits: the per-query limits (characters, entities, top_k), shared with /mcp.
+        token: bearer token required on /v1/*, /metrics and /mcp; None serves without
+            authentication.
+        mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
+            (ImportError without it), False never.
+    """
+
+    batcher: BatcherConfig
+    max_queries_per_request: int
+    limits: QueryLimits
+    token: str | None = dataclasses.field(repr=False)
+    mcp: bool | None
+
+    def __init__(self, batcher: BatcherConfig | None = None, max_queries_per_request: int = 64,
+                 *, limits: QueryLimits | None = None, token: str | None = None,
+                 mcp: bool | None = None, **per_query: int) -> None:
+        # Checked before `limits` is built, so the first bad limit named is the first one listed.
+        _check_positive("max_queries_per_request", max_queries_per_request)
+        unknown = sorted(set(per_query) - {f.name for f in dataclasses.fields(QueryLimits)})
+        if unknown:
+            raise TypeError(f"ServerConfig() got unexpected keyword arguments {unknown}")
+        batcher = batcher or BatcherConfig()
+        limits = dataclasses.replace(limits or QueryLimits(), **per_query)
+        if max_queries_per_request > batcher.max_queue:
+            # Such a request could never be queued: it would always get 429.
+            raise ValueError(
+                f"max_queries_per_request ({max_queries_per_request}) exceeds max_queue "
+                f"({batcher.max_queue})"
+            )
+        if token is not None and not token.strip():
+            raise ValueError("token must be None or a non-blank string")
+        for name, value in (("batcher", batcher),
+                            ("max_queries_per_request", max_queries_per_request),
+                            ("limits", limits), ("token", token), ("mcp", mcp)):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest accepted request body: the largest schema-valid request, fully escaped.
+
+        A character costs at most 12 bytes of JSON ("\\ud83d\\ude00", a surrogate pair); each
+        string or list gets 64 bytes for quotes, separators and spacing, and the other fields
+        4 KiB.
+        """
+        lim = self.limits
+        per_query = 12 * lim.max_query_chars + 64
+        per_entity_list = lim.max_entities_per_query * (12 * lim.max_entity_chars + 64) + 64
+        return self.max_queries_per_request * (per_query + per_entity_list) + 4_096
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")

@@ -1,0 +1,399 @@
+"""The HTTP contract as pydantic models: the request schema built from `ServerConfig`, the
+response bodies, their examples, and the OpenAPI response entries the routes declare.
+
+Every limit the server enforces is in the request schema (`request_model`), so a schema-valid
+request is answered and a schema-invalid one gets 422:
+
+- 1..max_queries_per_request queries of 1..max_query_chars characters; top_k in 1..max_top_k;
+  mode in `config.MODES`; no other fields; types are strict (no "5" for 5).
+- Whitespace-only text (a query or an entity) is refused: it asks nothing. "Whitespace" is
+  Python's `str.isspace` set, spelled out code point by code point in the schema's `pattern` (see
+  NONBLANK), so ECMA-262, Python `re` and Rust `regex` all read the pattern alike, and pydantic
+  enforces that same pattern.
+- `entities` (optional; null = absent) gives one list of entity strings per query (HippoRAG 1
+  query NER, e.g. from hippo_gpu.llm.ner). hybrid fuses their entity ranking, hipporag1 is built
+  on them and needs them (without: 422), dense and hipporag2 ignore them. hybrid without
+  `entities` uses capitalised spans of each query instead (hippo_gpu.entities); a query whose
+  list is empty gets no entity ranking (hybrid uses its dense ranking there, hipporag1 answers it
+  with the dense ranking). JSON Schema cannot compare two array lengths, so the schema spells the
+  rule out: an `anyOf` with one branch "no entities, mode not hipporag1" and one branch per
+  allowed length n ("n queries and n entity lists").
+
+The model class names are the OpenAPI component names: renaming one changes the document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+
+from hippo_gpu.config import MODES
+from hippo_gpu.serve.config import ServerConfig
+from hippo_gpu.serve.service import DEFAULT_INDEX, UnknownIndexError
+
+__all__ = [
+    "API_DESCRIPTION",
+    "NONBLANK",
+    "WHITESPACE",
+    "ErrorBody",
+    "IndexesResponse",
+    "Mode",
+    "PassageHit",
+    "RetrieveRequest",
+    "RetrieveResponse",
+    "StatsResponse",
+    "StatusBody",
+    "ValidationErrorBody",
+    "request_model",
+    "response_doc",
+    "retrieve_responses",
+    "unauthorized_response",
+    "unknown_index_response",
+]
+
+# The request schema's mode enum: exactly the modes retrieval accepts.
+Mode = Literal[MODES]  # type: ignore[valid-type]
+
+# Every code point with str.isspace() (tests check this list against all of Unicode).
+WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+# "Contains a character that is not whitespace", with every code point written as \\uXXXX so the
+# pattern means the same in every regex dialect (JSON Schema patterns are searched, unanchored).
+NONBLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITESPACE) + "]"
+
+
+_HIPPORAG1_NEEDS_ENTITIES = (
+    "mode 'hipporag1' needs entities: one list of entity strings per query (an empty list "
+    "answers that query with the dense ranking)"
+)
+
+_QUERY = "Which Stanford University professor works on Alzheimer's?"
+_REQUEST_EXAMPLES: list[dict[str, Any]] = [
+    {"queries": [_QUERY], "top_k": 5, "mode": "hipporag2"},
+    {"queries": [_QUERY, "Alzheimer's research"], "top_k": 3, "mode": "hybrid"},
+    {"queries": [_QUERY], "entities": [["Stanford University", "Alzheimer's"]], "top_k": 5,
+     "mode": "hipporag1", "return_seeds": False},  # fmt: skip
+]
+
+
+def _max_items(model: type[BaseModel], field: str) -> int | None:
+    for m in model.model_fields[field].metadata:
+        if hasattr(m, "max_length"):
+            return int(m.max_length)
+    return None
+
+
+def _request_schema_extra(schema: dict[str, Any], model: type[Any]) -> None:
+    """Add the cross-field rules (entities vs queries, hipporag1 vs entities) and examples."""
+    n_max = _max_items(model, "queries")
+    if n_max is None:  # the unconstrained base shape: nothing to spell out
+        return
+    no_entities = {
+        "title": "without entities",
+        "properties": {
+            "entities": {"type": "null"},
+            "mode": {"enum": [m for m in MODES if m != "hipporag1"]},
+        },
+    }
+    with_entities = [
+        {
+            "title": f"{n} queries with entities",
+            "required": ["entities"],
+            "properties": {
+                "queries": {"minItems": n, "maxItems": n},
+                "entities": {"type": "array", "minItems": n, "maxItems": n},
+            },
+        }
+        for n in range(1, n_max + 1)
+    ]
+    schema["anyOf"] = [no_entities, *with_entities]
+    schema["examples"] = [e for e in _REQUEST_EXAMPLES if _accepts(model, e)]
+
+
+def _accepts(model: type[BaseModel], body: dict[str, Any]) -> bool:
+    try:
+        model.model_validate(body)
+    except ValidationError:
+        return False
+    return True
+
+
+class RetrieveRequest(BaseModel):
+    """Queries answered with one mode and one top_k (limits: see `request_model`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_request_schema_extra)
+
+    queries: list[str]
+    entities: list[list[str]] | None = None
+    top_k: int = 10
+    mode: Mode = "hipporag2"
+    return_seeds: bool = False
+    index: str | None = None
+
+    @model_validator(mode="after")
+    def _entities_fit_queries(self) -> RetrieveRequest:
+        if self.entities is not None and len(self.entities) != len(self.queries):
+            raise ValueError(
+                f"entities has {len(self.entities)} lists for {len(self.queries)} queries: give "
+                "one list per query"
+            )
+        if self.mode == "hipporag1" and self.entities is None:
+            raise ValueError(_HIPPORAG1_NEEDS_ENTITIES)
+        return self
+
+
+def _integral(v: Any) -> Any:
+    """JSON Schema counts 21.0 as an integer; strict pydantic would not."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _index_field(names: Sequence[str]) -> Any:
+    """The `index` field: one of `names` or null; an unknown name gets an error naming it."""
+    served = tuple(names)
+
+    def known(v: Any) -> Any:
+        if isinstance(v, str) and v not in served:
+            raise ValueError(str(UnknownIndexError(v, served)))
+        return v
+
+    return (
+        Annotated[Literal[served] | None, BeforeValidator(known)],  # type: ignore[valid-type]
+        Field(default=None, description=f"the index to search (default: {served[0]!r})"),
+    )
+
+
+def request_model(config: ServerConfig,
+                  indexes: Sequence[str] = (DEFAULT_INDEX,)) -> type[RetrieveRequest]:
+    """The `RetrieveRequest` model with `config`'s limits and the served `indexes`' names: the
+    schema and the validator in one."""
+    limits = config.limits
+    text: Any = Annotated[
+        str, StringConstraints(min_length=1, max_length=limits.max_query_chars, pattern=NONBLANK)
+    ]
+    entity: Any = Annotated[
+        str, StringConstraints(min_length=1, max_length=limits.max_entity_chars, pattern=NONBLANK)
+    ]
+    per_query: Any = Annotated[list[entity], Field(max_length=limits.max_entities_per_query)]
+    model: type[RetrieveRequest] = create_model(
+        "RetrieveRequest",
+        __base__=RetrieveRequest,
+        __doc__=(
+            "Queries answered with one mode and one top_k. `entities`, when given, has one list "
+            "per query; hipporag1 needs it, hybrid uses it (else capitalised spans of the query), "
+            "dense and hipporag2 ignore it."
+        ),
+        queries=(
+            list[text],
+            Field(
+                min_length=1,
+                max_length=config.max_queries_per_request,
+                description="query strings; each has a character that is not whitespace",
+            ),
+        ),
+        entities=(
+            list[per_query] | None,
+            Field(
+                default=None,
+                max_length=config.max_queries_per_request,
+                description=(
+                    "per query, its named entities (same length as queries; an empty list: none); "
+                    "required by hipporag1, used by hybrid, ignored by dense and hipporag2"
+                ),
+            ),
+        ),
+        top_k=(
+            Annotated[int, BeforeValidator(_integral)],
+            Field(default=min(10, limits.max_top_k), ge=1, le=limits.max_top_k,
+                  description="passages returned per query"),  # fmt: skip
+        ),
+        mode=(Mode, Field(default="hipporag2", description="retrieval mode")),
+        return_seeds=(
+            bool,
+            Field(default=False, description="also return the seed facts of each query"),
+        ),
+        index=_index_field(indexes),
+    )
+    return model
+
+
+class PassageHit(BaseModel):
+    key: str = Field(description='passage key: "chunk-" + md5 of the indexed text')
+    title: str
+    text: str = Field(description="the indexed passage text (HippoRAG: title, newline, body)")
+    score: float
+    rank: int = Field(ge=0, description="0-based position in the ranking")
+
+
+SeedFact = tuple[str, str, str]  # (subject, predicate, object)
+
+
+class RetrieveResponse(BaseModel):
+    results: list[list[PassageHit]] = Field(description="per query, in request order, the ranking")
+    seeds: list[list[SeedFact]] | None = Field(
+        default=None,
+        description="per query, the seed facts of its PPR (empty for dense answers and "
+        "hipporag1); null unless return_seeds",
+    )
+
+
+class LatencyMs(BaseModel):
+    p50: float
+    p95: float
+    p99: float
+    mean: float
+
+
+class BatcherStatsBody(BaseModel):
+    running: bool
+    queue_depth: int = Field(description="queries waiting, not yet in a batch")
+    in_flight: int = Field(description="queries in the batch now running")
+    requests_served: int
+    requests_failed: int
+    requests_rejected: int = Field(description="refused with 429")
+    batches_served: int
+    queries_served: int
+    mean_batch_size: float
+    max_batch_size_seen: int
+    latency_ms: LatencyMs = Field(description="submit -> result, over the last 10,000 requests")
+
+
+class Limits(BaseModel):
+    max_batch: int
+    max_wait_ms: float
+    max_queue: int
+    max_queries_per_request: int
+    max_query_chars: int
+    max_entities_per_query: int
+    max_entity_chars: int
+    max_top_k: int
+    max_body_bytes: int
+
+
+class StatsResponse(BaseModel):
+    index: dict[str, int | float | bool | str] = Field(description="index counts and names")
+    batcher: BatcherStatsBody
+    limits: Limits
+
+
+class IndexInfo(BaseModel):
+    name: str
+    version: int | None = Field(description="committed version served (null: never saved)")
+    passages: int = Field(ge=0)
+    memory_bytes: int = Field(
+        ge=0, description="bytes of the index's tensors (graph, embeddings) on its device")
+    device: str
+    precision: str
+
+
+class IndexesResponse(BaseModel):
+    indexes: list[IndexInfo] = Field(description="the served indexes; the first is the default")
+
+
+class StatusBody(BaseModel):
+    status: Literal["ok", "ready", "not ready"]
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="a short message (no trace, no path)")
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description='where: e.g. ["body", "queries", 0]')
+    msg: str
+    type: str
+
+
+class ValidationErrorBody(BaseModel):
+    detail: list[ValidationIssue]
+
+
+def response_doc(model: type[BaseModel], description: str, example: Any,
+                 headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One entry of a route's `responses`: `model`'s schema, a description, an example body."""
+    out: dict[str, Any] = {
+        "model": model,
+        "description": description,
+        "content": {"application/json": {"example": example}},
+    }
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def unauthorized_response() -> dict[str, Any]:
+    """The 401 of a route behind the bearer token (serve/guards.py answers it)."""
+    return response_doc(
+        ErrorBody, "missing or invalid bearer token",
+        {"detail": "missing or invalid bearer token"},
+        {"WWW-Authenticate": {"description": "Bearer", "required": True,
+                              "schema": {"type": "string"}}},
+    )  # fmt: skip
+
+
+API_DESCRIPTION = (
+    "HippoRAG retrieval over one or more named indexes. The schema states every limit the server "
+    "enforces: a request that fits it gets 200 (or 413 / 429 / 503: body bytes, load, shutdown) "
+    "and one that does not gets 422. Bearer security is declared, and enforced, only when the "
+    "server has a token; /healthz and /readyz are always open. /mcp (not described here) serves "
+    "the same retrieval to Model Context Protocol clients (streamable HTTP), behind the same token."
+)
+
+
+def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
+    """POST /v1/retrieve's documented answers (200, and every error status it can give)."""
+    hit = {"key": "chunk-4f1c0d5e9b2a7c3d8e6f1a2b3c4d5e6f", "title": "Thomas C. Südhof",
+           "text": "Thomas C. Südhof\nThomas Christian Südhof is a professor at Stanford ...",
+           "score": 0.0123, "rank": 0}  # fmt: skip
+    return {
+        200: {
+            "description": "per query, in request order, up to top_k passages, best first",
+            "content": {"application/json": {"example": {"results": [[hit]], "seeds": None}}},
+        },
+        400: response_doc(ErrorBody, "the body could not be read (e.g. not UTF-8)",
+                          {"detail": "There was an error parsing the body"}),
+        413: response_doc(
+            ErrorBody,
+            f"request body over {max_body_bytes} bytes (no schema-valid request, even "
+            "with every character escaped, is that large)",
+            {"detail": f"request body too large: limit {max_body_bytes} bytes"},
+        ),
+        422: response_doc(
+            ValidationErrorBody,
+            "the request does not fit the schema: e.g. an empty or whitespace-only query, too "
+            "many queries or characters, top_k out of range, an unknown mode or field, entities "
+            "not one list per query, or mode hipporag1 without entities",
+            {"detail": [{"loc": ["body"], "type": "value_error",
+                         "msg": f"Value error, {_HIPPORAG1_NEEDS_ENTITIES}"}]},
+        ),  # fmt: skip
+        429: response_doc(
+            ErrorBody, "the queue is full; retry after the given seconds",
+            {"detail": "server busy: queue full"},
+            {"Retry-After": {"description": "seconds", "required": True,
+                             "schema": {"type": "integer"}}},
+        ),  # fmt: skip
+        500: response_doc(ErrorBody, "internal error", {"detail": "internal server error"}),
+        503: response_doc(ErrorBody, "shutting down", {"detail": "server shutting down"}),
+    }
+
+
+def unknown_index_response(default: str) -> dict[str, Any]:
+    """The 422 of a query parameter `index` that names no served index."""
+    return response_doc(
+        ValidationErrorBody, "not a served index name",
+        {"detail": [{"loc": ["query", "index"], "type": "literal_error",
+                     "msg": f"Input should be {default!r}"}]})  # fmt: skip
