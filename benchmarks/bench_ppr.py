@@ -307,7 +307,7 @@ def parse_method(spec: str) -> tuple[str, dict]:
     parts = spec.split(":")
     method = parts[0]
     kwargs: dict = {"method": method}
-    if method in ("iterate", "chebyshev"):
+    if method in ("power", "chebyshev"):
         kwargs["kernel"] = parts[1] if len(parts) > 1 else "auto"
         kwargs["reorder"] = True if "rcm" in parts[2:] else None
     return spec, kwargs
@@ -369,7 +369,7 @@ def main(args: argparse.Namespace) -> None:
     # Reference: float64, tight tolerance, all queries, torch backend (independent of the kernel).
     start = time.perf_counter()
     ref_solver = PPRSolver(adjacency, target_nodes=passages_t, dtype=torch.float64,
-                           device=devices[-1], method="iterate", kernel="torch", tol=1e-12)
+                           device=devices[-1], method="power", kernel="torch", tol=1e-12)
     chunk = max(1, min(q_real, (1 << 30) // (8 * n)))  # ≤ 1 GiB per [N, chunk] float64 buffer
     ref = np.concatenate([ref_solver(reset_t[:, j:j + chunk]).cpu().numpy()
                           for j in range(0, q_real, chunk)], axis=1)  # [P, Q_real]
@@ -507,7 +507,7 @@ def main(args: argparse.Namespace) -> None:
                     x = solver(seeds[0])[:, :q_real].double().cpu().numpy()
                     add(name, dname, device, q, timing, x, **extra)
                     del seeds, holder, x, call  # the closure holds the batches too
-                if args.top_k and solver.method in ("iterate", "chebyshev"):
+                if args.top_k and solver.method in ("power", "chebyshev"):
                     topk_rows += topk_report(solver, batch(q_real, dtype, dev), ref[:, :q_real],
                                              args, name, dname, device, prpack_ms)
                 del solver

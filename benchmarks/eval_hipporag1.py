@@ -75,7 +75,7 @@ def _rank_v1(searcher: Searcher, graph: v1.V1Graph, entities: list[list[str]],
     index = searcher.index
     texts, owner = v1.flatten_entities(entities)
     rows = v1.link_entities(searcher.encoder.encode(texts), index.phrase_emb)
-    scores, _ = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
+    scores, _, _ = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
                                   torch.tensor(owner, dtype=torch.int64), len(entities))
     p = scores.shape[1]
     # lexicographic sort: row order (asc, or desc for v1), then score desc, stably

@@ -50,6 +50,7 @@ class BatchReport:
     answered: int = 0
     resumed: int = 0  # rows found already answered in committed parts
     bad: int = 0  # malformed rows recorded in the side file (skip_bad)
+    failed: int = 0  # rows whose retrieval failed (uncertified PPR), in the side file too
     seconds: float = 0.0
     parts: int = 0
     bad_file: str | None = None
@@ -196,12 +197,15 @@ def retrieve_file(
         report.rows += len(chunk)
         path = parts / f"part-{part_no:06d}.jsonl"
         good = [r for r in chunk if r is not None]
+        failed_file = path.with_suffix(".failed.jsonl")
         if path.exists():
-            report.resumed += len(good)
+            report.resumed += len(good) - len(_read_lines(failed_file))
         else:
-            lines = _answer(searcher, good, mode, top_k, batch_size, report)
+            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report)
+            if failed:  # committed before its part, so a resumed run finds both
+                _write_atomic(failed_file, "".join(failed))
             _write_atomic(path, "".join(lines))
-            report.answered += len(good)
+            report.answered += len(lines)
             bar.update(len(good))
             elapsed = time.perf_counter() - start
             bar.set_postfix(q_per_s=f"{report.answered / max(elapsed, 1e-9):.1f}")
@@ -209,9 +213,12 @@ def retrieve_file(
     bar.close()
     report.parts = part_no
     report.bad = len(bad)
-    if bad:
+    failed = [line for i in range(part_no)
+              for line in _read_lines(parts / f"part-{i:06d}.failed.jsonl")]
+    report.failed = len(failed)
+    if bad or failed:
         bad_file = out.with_name(out.name + ".bad.jsonl")
-        _write_atomic(bad_file, "".join(json.dumps(b) + "\n" for b in bad))
+        _write_atomic(bad_file, "".join([json.dumps(b) + "\n" for b in bad] + failed))
         report.bad_file = str(bad_file)
     _join_parts(parts, part_no, out, fmt)
     shutil.rmtree(parts)
@@ -224,7 +231,8 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
                 ) -> list[dict[str, Any]]:
     """The answers {"id", "keys", "titles", "scores"} to `rows`, in order. Rows with and
     without entities are batched apart (a query without entities uses the searcher's default
-    for the mode). Stage times are added into `stage_seconds` when given."""
+    for the mode). Stage times are added into `stage_seconds` when given. A row whose retrieval
+    failed (hippo_gpu.search.Ranking.failed) has empty lists and an "error" saying why."""
     out: dict[int, dict[str, Any]] = {}
     with_ents = [r for r in rows if r.entities is not None]
     without = [r for r in rows if r.entities is None]
@@ -237,19 +245,34 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
             if stage_seconds is not None:
                 for k, v in ranking.stage_seconds.items():
                     stage_seconds[k] = stage_seconds.get(k, 0.0) + v
-            for r, hits in zip(batch, searcher.to_hits(ranking)):
+            for j, (r, hits) in enumerate(zip(batch, searcher.to_hits(ranking))):
                 out[r.index] = {"id": r.id, "keys": [h.key for h in hits],
                                 "titles": [h.title for h in hits],
                                 "scores": [h.score for h in hits]}
+                if j in ranking.failed:
+                    out[r.index]["error"] = ranking.failed[j]
     return [out[r.index] for r in rows]
 
 
 def _answer(searcher: Searcher, rows: Sequence[QueryRow], mode: str, top_k: int,
-            batch_size: int, report: BatchReport) -> list[str]:
-    """JSON lines of the answers to `rows`, in order (see answer_rows)."""
-    return [json.dumps(a, ensure_ascii=False) + "\n"
-            for a in answer_rows(searcher, rows, mode=mode, top_k=top_k, batch_size=batch_size,
-                                 stage_seconds=report.stage_seconds)]
+            batch_size: int, report: BatchReport) -> tuple[list[str], list[str]]:
+    """(JSON lines of the answers to `rows`, in order; JSON lines of the rows whose retrieval
+    failed, {"row", "id", "error"}: they go to the side file, not the output)."""
+    answers = answer_rows(searcher, rows, mode=mode, top_k=top_k, batch_size=batch_size,
+                          stage_seconds=report.stage_seconds)
+    good = [json.dumps(a, ensure_ascii=False) + "\n" for a in answers if "error" not in a]
+    failed = [json.dumps({"row": r.index, "id": r.id, "error": a["error"]},
+                         ensure_ascii=False) + "\n"
+              for r, a in zip(rows, answers) if "error" in a]
+    return good, failed
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The lines of `path` ([] when it does not exist)."""
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return f.readlines()
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -117,6 +117,19 @@ class IndexConfig:
 MODES = ("hipporag2", "hipporag1", "dense", "hybrid")
 
 
+PPR_METHODS = ("auto", "chebyshev", "power", "closed_form")  # hippo_gpu.ppr.PPRSolver's
+
+
+def check_ppr_method(method: str) -> str:
+    """``method`` if it names a PPR solver method, else a ValueError naming them (the old name
+    "iterate" included: it meant the power iteration, while "auto" runs Chebyshev)."""
+    if method in PPR_METHODS:
+        return method
+    hint = ' ("iterate" is now "power"; "auto" runs "chebyshev" on a CPU)' \
+        if method == "iterate" else ""
+    raise ValueError(f"unknown PPR method {method!r}{hint}; choose one of {PPR_METHODS}")
+
+
 @dataclass(frozen=True)
 class RetrievalConfig:
     """Query-time settings; defaults reproduce official HippoRAG 2 (main@c617143).
@@ -127,7 +140,10 @@ class RetrievalConfig:
     damping: probability of following an edge in PPR.
     dtype: "float32" (fast) or "float64" (parity with igraph prpack to ~1e-10).
     ppr_tol: L1 error bound per query column (None: the solver's default for the dtype).
-    ppr_method: "auto" (closed form on CUDA when it fits, else iteration), "iterate" or
+    ppr_max_iter: step cap per PPR solve; a query whose bound still falls after it fails alone
+        (round-off never fails one: stalled float32 columns are finished in float64).
+    ppr_method: the PPR solver method, for both graphs (hippo_gpu.ppr.PPR_METHODS): "auto"
+        (closed form on CUDA when it fits, else "chebyshev"), "chebyshev", "power" or
         "closed_form" (precomputes the passage rows of the PPR operator once per index: seconds
         on a CPU for ~2k passages, then one GEMM per batch; see hippo_gpu.ppr.PPRSolver).
     hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
@@ -151,6 +167,7 @@ class RetrievalConfig:
     dtype: str = "float32"
     ppr_tol: float | None = None
     ppr_method: str = "auto"
+    ppr_max_iter: int = 1000
     hybrid_linking_top_k: int = 5
     hybrid_passage_node_weight: float = 0.2
     hybrid_temperature: float = 50.0
@@ -168,9 +185,9 @@ class RetrievalConfig:
             raise ValueError("passage node weights must be >= 0")
         if not 0.0 <= self.damping < 1.0:
             raise ValueError(f"damping must be in [0, 1), got {self.damping}")
-        if self.ppr_method not in ("auto", "iterate", "closed_form"):
-            raise ValueError(f"ppr_method must be auto, iterate or closed_form, "
-                             f"got {self.ppr_method!r}")
+        check_ppr_method(self.ppr_method)
+        if self.ppr_max_iter < 1:
+            raise ValueError(f"ppr_max_iter must be >= 1, got {self.ppr_max_iter}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if self.hybrid_temperature <= 0 or self.hybrid_rrf_k < 0:

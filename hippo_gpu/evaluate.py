@@ -38,11 +38,16 @@ class ModeResult:
     seconds: float
     dense_fallbacks: int
     ranked_keys: list[list[str]]
+    ppr_max_bound: float = 0.0  # the worst certified L1 bound of any query's PPR (0: none ran)
+    ppr_refined: int = 0  # queries with a stalled float32 solve finished in float64
+    failed: int = 0  # queries without an answer (uncertified PPR); they score recall 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"recall": self.recall, "queries_per_s": round(self.queries_per_s, 3),
                 "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
-                "seconds": round(self.seconds, 4), "dense_fallbacks": self.dense_fallbacks}
+                "seconds": round(self.seconds, 4), "dense_fallbacks": self.dense_fallbacks,
+                "ppr_max_bound": self.ppr_max_bound, "ppr_refined": self.ppr_refined,
+                "failed": self.failed}
 
 
 def evaluate_mode(
@@ -71,14 +76,21 @@ def evaluate_mode(
     stage: dict[str, float] = {}
     keys = searcher.index.passage_keys
     ranked: list[list[str]] = []
-    fallbacks = 0
+    fallbacks = refined = failed = 0
+    worst = 0.0
     for r in rankings:
         for k, v in r.stage_seconds.items():
             stage[k] = stage.get(k, 0.0) + v
-        ranked.extend([keys[j] for j in row] for row in r.passage_rows.cpu().tolist())
+        ranked.extend([] if qi in r.failed else [keys[j] for j in row]
+                      for qi, row in enumerate(r.passage_rows.cpu().tolist()))
         fallbacks += int(r.dense_fallback.sum()) if mode != "dense" else 0
+        if r.ppr_bound is not None and r.ppr_refined is not None:
+            worst = max(worst, float(r.ppr_bound.max()) if r.ppr_bound.numel() else 0.0)
+            refined += int(r.ppr_refined.sum())
+        failed += len(r.failed)
     ks = [k for k in RECALL_KS if k <= top_k]
     return ModeResult(mode=mode, recall=recall_at_k(ranked, gold, ks),
                       queries_per_s=len(texts) / seconds if seconds > 0 else float("inf"),
                       stage_s=stage, seconds=seconds, dense_fallbacks=fallbacks,
-                      ranked_keys=ranked)
+                      ranked_keys=ranked, ppr_max_bound=worst, ppr_refined=refined,
+                      failed=failed)

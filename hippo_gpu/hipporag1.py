@@ -104,7 +104,7 @@ from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import OpenIEDoc
 from hippo_gpu.graph import normalize_text
 from hippo_gpu.index import Index
-from hippo_gpu.ppr import PPRSolver
+from hippo_gpu.ppr import PPRSolution, PPRSolver
 from hippo_gpu.synonyms import (
     SynonymEdges,
 )
@@ -346,10 +346,10 @@ def build_v1_graph(index: Index, *,
 
 
 def make_solver(graph: V1Graph, cfg: RetrievalConfig) -> PPRSolver:
-    """The PPR solver of W for `cfg` (damping, dtype, tolerance); iterate, all M rows out."""
+    """The PPR solver of W for `cfg` (damping, dtype, tolerance, method), all M rows out."""
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     return PPRSolver(graph.adjacency, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                     method="iterate")
+                     method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
 
 
 def flatten_entities(query_entities: Sequence[Sequence[str]]) -> tuple[list[str], list[int]]:
@@ -379,7 +379,7 @@ def _minmax_rows(x: Tensor) -> Tensor:
 
 
 def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner: Tensor,
-                   num_queries: int) -> tuple[Tensor, Tensor]:
+                   num_queries: int) -> tuple[Tensor, Tensor, PPRSolution | None]:
     """Eq. (2) for a batch: linked phrases -> reset vectors -> one PPR solve -> passage scores.
 
     Args:
@@ -390,6 +390,8 @@ def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner
     Returns:
         scores: [Q, P] in the solver's dtype; a query without entities scores 1/P everywhere.
         has_entities: [Q] bool.
+        solution: the PPR solve, one column per query with entities in row order (None when
+            no query has one); an uncertified column leaves its query's scores uncertified.
     """
     dev, dtype = graph.specificity.device, solver.dtype
     m, p = graph.num_phrases, graph.num_passages
@@ -399,18 +401,19 @@ def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner
         has[owner] = True
     scores = torch.full((num_queries, p), 1.0 / max(p, 1), dtype=dtype, device=dev)
     if not bool(has.any()):
-        return scores, has
+        return scores, has, None
     cols = torch.nonzero(has).flatten()  # [Q'] queries with entities
     col_of = torch.cumsum(has.to(torch.int64), 0) - 1  # query row -> its column in [M, Q']
     rows = phrase_rows.to(dev)
     seeds = torch.zeros((m, cols.numel()), dtype=torch.float64, device=dev)
     # assignment, as v1: a phrase linked by two entities of a query keeps one weight
     seeds[rows, col_of.index_select(0, owner)] = graph.specificity.index_select(0, rows)
-    x = solver(seeds)  # [M, Q'] PPR of the phrase graph, columns sum to 1
+    solution = solver.solve(seeds)
+    x = solution.scores  # [M, Q'] PPR of the phrase graph, columns sum to 1
     # [Q', P] = (D (FP x))ᵀ, one sparse matrix-vector product per column: MKL's sparse x dense
     # product sums in an order that depends on the number of columns (measured on AVX-512), so
     # a query's scores would depend on its chunk; column by column they do not
     incidence = graph.passage_phrase.to(dtype)
     doc = torch.stack([incidence @ x[:, j] for j in range(x.shape[1])])
     scores[cols] = _minmax_rows(doc)
-    return scores, has
+    return scores, has, solution

@@ -32,7 +32,7 @@ checked step where 2·(bound of (3))/σ ≤ ``tol``. The bound is on the L1 erro
 the max abs error; it uses only the measured residual, never a spectral estimate, so it holds for
 every method below. (In float32 it is certified up to the round-off of computing ρ itself.)
 
-**Power iteration** (``ppr_iterate``, method "iterate"): y_{k+1} = g_k; its error contracts by d
+**Power iteration** (``ppr_iterate``, method "power"): y_{k+1} = g_k; its error contracts by d
 per step in L1 (today's bound (3) on g). About 17 steps for tol 1e-6 and 32 for 1e-11 on
 musique_train.
 
@@ -82,10 +82,31 @@ Per column, the output is the iterate of the first step at which that column's c
 (columns are frozen as they finish; the batch runs until the last one does), so a query's result
 does not depend on the rest of its batch in the CPU kernel (bit-identical), and only through
 check spacing in the torch path.
+
+**Round-off floor and the float64 finish.** Bound (3) is computed from the measured residual ρ,
+and in float32 ρ itself carries round-off: each g_i sums deg(i) products with relative error
+~deg(i)·2⁻²⁴, so ‖ρ‖₁ cannot fall below a floor of order 2⁻²⁴·‖y‖₁ times the graph's typical
+degree, and the certified bound 2 d ‖ρ‖₁ / ((1 − d) σ) stops decreasing there. On musique's phrase
+graph the floor is ~5e-7, a factor 2 below the float32 default tol 1e-6; on larger or denser
+graphs it is above it, and a float32 solve could never certify tol. In exact arithmetic the bound
+falls geometrically (the power iteration contracts ρ by d per step in L1, ‖dM‖₁ ≤ d; Chebyshev
+faster), so it halves at least every ⌈ln 2 / ln(1/d)⌉ steps. A column whose bound has not halved in
+``stall_steps(d)`` = max(8, 4⌈ln 2 / ln(1/d)⌉) steps is therefore at its floor, not converging
+slowly: it stops at once ("stalled"), instead of running to ``max_iter``. :class:`PPRSolver`
+then solves exactly those columns again in float64 (a float64 copy of the operator, built from
+the adjacency on the first stall and kept), to the same ``tol``: float64's floor is ~2⁻²⁹ of
+float32's, so the float64 bound certifies any tol above ~1e-13 on every graph we build, and the
+float32 columns that met tol (all of them, on our data) keep float32's speed. The reported bound
+of a finished column is the float64 one, so the certificate is real, not up to float32 round-off.
+Only a column that runs out of ``max_iter`` steps while its bound still falls (or one that
+stalls in float64 too: a tol below float64 round-off) is left uncertified; the solver then raises
+:class:`ConvergenceError` naming those columns, and :meth:`PPRSolver.solve` returns them marked,
+so a caller can fail those queries alone.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections.abc import Callable
@@ -95,9 +116,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hippo_gpu.config import check_ppr_method
+
 __all__ = [
     "ConvergenceError",
     "PPRResult",
+    "PPRSolution",
     "PPRSolver",
     "StepFn",
     "Transition",
@@ -108,6 +132,7 @@ __all__ = [
     "ppr_chebyshev",
     "ppr_iterate",
     "rcm_permutation",
+    "stall_steps",
     "torch_step",
 ]
 
@@ -115,7 +140,27 @@ DEFAULT_MAX_ITER = 1000
 
 
 class ConvergenceError(RuntimeError):
-    """Raised when PPR has not reached ``tol`` within ``max_iter`` steps."""
+    """PPR left some columns uncertified: ``max_iter`` ran out while the bound still fell, or
+    ``tol`` is below float64 round-off.
+
+    Attributes:
+        columns: the batch columns that are not certified.
+        bounds: their L1 bounds, in the same order.
+    """
+
+    def __init__(self, message: str, columns: list[int] | None = None,
+                 bounds: list[float] | None = None) -> None:
+        super().__init__(message)
+        self.columns = columns or []
+        self.bounds = bounds or []
+
+
+def stall_steps(damping: float) -> int:
+    """Steps without the bound halving after which a column is at its round-off floor: in exact
+    arithmetic it halves at least every ⌈ln 2 / ln(1/d)⌉ steps (module docstring)."""
+    if damping <= 0.0:
+        return 8
+    return max(8, 4 * math.ceil(math.log(2.0) / -math.log(damping)))
 
 
 def default_tol(dtype: torch.dtype) -> float:
@@ -130,21 +175,64 @@ class PPRResult:
     Attributes:
         scores: [N, Q] PPR probabilities; each column sums to 1.
         iterations: [Q] int64, the sparse products after which each column was certified (met
-            ``tol`` or, with ``top_k``, the top-k certificate) and frozen; max_iter if never.
-            Checks are spaced by the observed decay, so this can exceed the first possible step.
+            ``tol`` or, with ``top_k``, the top-k certificate) and frozen; max_iter if never,
+            the step it stopped at if it stalled. Checks are spaced by the observed decay, so
+            this can exceed the first possible step.
         error_bound: [Q] L1 error bound of each column's returned scores.
-        converged: whether every column was certified.
+        certified: [Q] bool, the columns that met ``tol`` or the top-k certificate.
+        stalled: [Q] bool, the columns stopped at their round-off floor above ``tol``.
     """
 
     scores: Tensor  # [N, Q]
     iterations: Tensor  # [Q]
     error_bound: Tensor  # [Q]
-    converged: bool
+    certified: Tensor  # [Q] bool
+    stalled: Tensor  # [Q] bool
 
     @property
-    def steps(self) -> int:
-        """Number of sparse products the batch ran (the slowest column's count)."""
-        return int(self.iterations.max()) if self.iterations.numel() else 0
+    def converged(self) -> bool:
+        """Whether every column was certified."""
+        return bool(self.certified.all())
+
+
+@dataclass(frozen=True)
+class PPRSolution:
+    """Output of :meth:`PPRSolver.solve`: scores at the target rows and each column's certificate.
+
+    Attributes:
+        scores: [T, Q] PPR probabilities in the solver's dtype.
+        steps: [Q] int64 sparse products per column (float32 and float64 steps added for a
+            refined column; 0 for the closed form).
+        bound: [Q] certified L1 bound of each column (the float64 one for a refined column).
+        certified: [Q] bool, bound <= tol (or the top-k certificate held).
+        refined: [Q] bool, the float32 columns that stalled and were finished in float64.
+        tol: the tolerance asked for.
+    """
+
+    scores: Tensor  # [T, Q]
+    steps: Tensor  # [Q]
+    bound: Tensor  # [Q]
+    certified: Tensor  # [Q] bool
+    refined: Tensor  # [Q] bool
+    tol: float
+
+    def failures(self) -> dict[int, str]:
+        """{batch column: why it is uncertified} for every column that is not certified."""
+        bad = torch.nonzero(~self.certified.cpu()).flatten().tolist()
+        bounds = self.bound.cpu().tolist()
+        return {c: (f"PPR did not converge: L1 bound {bounds[c]:.3g} > tol {self.tol:.3g} after "
+                    f"{int(self.steps[c])} steps") for c in bad}
+
+    def raise_if_uncertified(self) -> None:
+        """Raise :class:`ConvergenceError` naming the uncertified columns, if any."""
+        failures = self.failures()
+        if failures:
+            cols = sorted(failures)
+            worst = max(float(self.bound[c]) for c in cols)
+            raise ConvergenceError(
+                f"PPR did not converge for {len(cols)} of {self.certified.numel()} columns "
+                f"(first {cols[:10]}; worst L1 bound {worst:.3g} > tol {self.tol:.3g})",
+                cols, [float(self.bound[c]) for c in cols])
 
 
 @dataclass(frozen=True)
@@ -313,6 +401,7 @@ def ppr_iterate(
     top_k: int | None = None,
     target_rows: Tensor | None = None,
     step: StepFn | None = None,
+    exact: Transition | None = None,
 ) -> PPRResult:
     """Power iteration y ← (1−d) r̂ + d M y for all Q columns at once; returns x = y / 1ᵀy.
 
@@ -326,12 +415,14 @@ def ppr_iterate(
         top_k: also stop a column once its top-k ``target_rows`` (and order) are certain.
         target_rows: [T] rows the top-k certificate ranks (default all N).
         step: replaces the torch step of :data:`StepFn` (e.g. a fused kernel).
+        exact: the same operator in float64, for a float32 ``reset``: each certificate is
+            checked on the float64 residual, and a column failing it returns stalled.
 
     Returns:
         :class:`PPRResult` with scores [N, Q].
     """
     return _solve(transition, reset, None, tol=tol, max_iter=max_iter, normalised=normalised,
-                  top_k=top_k, target_rows=target_rows, step=step)
+                  top_k=top_k, target_rows=target_rows, step=step, exact=exact)
 
 
 def ppr_chebyshev(
@@ -344,6 +435,7 @@ def ppr_chebyshev(
     top_k: int | None = None,
     target_rows: Tensor | None = None,
     step: StepFn | None = None,
+    exact: Transition | None = None,
 ) -> PPRResult:
     """Chebyshev semi-iteration (eq. 4) for all Q columns at once; returns x = y / 1ᵀy.
 
@@ -352,7 +444,7 @@ def ppr_chebyshev(
     """
     weights = chebyshev_weights(transition.damping, max_iter)
     return _solve(transition, reset, weights, tol=tol, max_iter=max_iter, normalised=normalised,
-                  top_k=top_k, target_rows=target_rows, step=step)
+                  top_k=top_k, target_rows=target_rows, step=step, exact=exact)
 
 
 def _solve(
@@ -366,6 +458,7 @@ def _solve(
     top_k: int | None,
     target_rows: Tensor | None,
     step: StepFn | None = None,
+    exact: Transition | None = None,
 ) -> PPRResult:
     """The shared loop: ``weights`` None is the power iteration, else eq. (4) with those ω."""
     n = transition.num_nodes
@@ -378,8 +471,12 @@ def _solve(
     q, dev = r_hat.shape[1], r_hat.device
     iterations = torch.full((q,), max_iter, dtype=torch.int64, device=dev)
     bound = torch.full((q,), math.inf, dtype=r_hat.dtype, device=dev)
+    stalled = torch.zeros(q, dtype=torch.bool, device=dev)
     if d == 0.0:  # no walk: x = r̂ exactly
-        return PPRResult(r_hat.clone(), iterations.zero_(), bound.zero_(), True)
+        return PPRResult(r_hat.clone(), iterations.zero_(), bound.zero_(), ~stalled, stalled)
+    patience = stall_steps(d)
+    halved = torch.full((q,), math.inf, dtype=r_hat.dtype, device=dev)  # bound when last halved
+    halved_at = torch.zeros(q, dtype=torch.int64, device=dev)  # ... and at which step
     step = torch_step(transition) if step is None else step
     scores = torch.empty_like(r_hat)  # [N, Q], filled as columns finish
     met = torch.zeros(q, dtype=torch.bool, device=dev)
@@ -404,18 +501,28 @@ def _solve(
             ok = now <= tol
             if top_k:
                 ok |= _topk_certified(g, target_rows, top_k, err)
-            finish = ok | (k == max_iter)
+            halving = now <= 0.5 * halved
+            halved = torch.where(halving, now, halved)
+            halved_at = torch.where(halving, k, halved_at)
+            stall = ~ok & (k - halved_at >= patience)  # at the round-off floor (docstring)
+            if exact is not None and bool(ok.any()):  # float32 certificates, in float64
+                held = _verify64(exact, base, y, g, ok, now, tol, top_k, target_rows)
+                stall |= ok & ~held
+                ok &= held
+            finish = ok | stall | (k == max_iter)
             if bool(finish.any()):
                 idx = torch.nonzero(finish).flatten()
                 out = g.index_select(1, idx).clamp_(min=0)
                 scores[:, cols[idx]] = out / out.sum(dim=0, keepdim=True)
-                iterations[cols[idx]] = torch.where(ok[idx], k, max_iter)
+                iterations[cols[idx]] = torch.where(ok[idx] | stall[idx], k, max_iter)
                 bound[cols[idx]] = now[idx]
                 met[cols[idx]] = ok[idx]
+                stalled[cols[idx]] = stall[idx]
                 keep = torch.nonzero(~finish).flatten()
                 if keep.numel() == 0:
                     break
                 cols, now = cols[keep], now[keep]
+                halved, halved_at = halved[keep], halved_at[keep]
                 base, y, g = base[:, keep], y[:, keep], g[:, keep]
                 y_prev = y_prev[:, keep] if weights is not None else y
             worst = float(now.max())
@@ -426,7 +533,33 @@ def _solve(
             y_prev = y
         else:
             y, y_prev = y_prev, y
-    return PPRResult(scores, iterations, bound, bool(met.all()))
+    return PPRResult(scores, iterations, bound, met, stalled)
+
+
+def _verify64(exact: Transition, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor,
+              tol: float, top_k: int, target_rows: Tensor | None) -> Tensor:
+    """[Q'] bool: which ``ok`` columns keep their certificate on the float64 residual; ``now``
+    gets their float64 bounds (in place).
+
+    With g₆₄ = (1−d) r̂ + d M₆₄ y in float64 (base = (1−d) r̂ as stored), (3) gives
+    ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁, plus 2⁻²³ for r̂ rounded twice into float32
+    (‖L‖₁ ≤ 1) and the float64 round-off of the sums (module docstring, "Round-off floor").
+    """
+    d = exact.damping
+    idx = torch.nonzero(ok).flatten()
+    y64 = y.index_select(1, idx).double()
+    g32 = g.index_select(1, idx).double()
+    g64 = torch.addmm(base.index_select(1, idx).double(), exact.matrix, y64, beta=1.0, alpha=d)
+    err = (g32 - g64).abs().sum(dim=0) + d / (1 - d) * (g64 - y64).abs().sum(dim=0) + 2.0 ** -23
+    mass = g32.sum(dim=0)
+    bound = torch.where(mass > 0, 2.0 * err / mass, math.inf)
+    held = bound <= tol
+    if top_k:
+        held |= _topk_certified(g.index_select(1, idx), target_rows, top_k, err.to(g.dtype))
+    now[idx] = bound.to(now.dtype)
+    out = torch.zeros_like(ok)
+    out[idx] = held
+    return out
 
 
 def _check_top_k(top_k: int | None) -> int:
@@ -469,7 +602,8 @@ def personalized_pagerank(
 ) -> Tensor:
     """PPR for Q reset vectors at once, igraph-prpack semantics (see module docstring, eq. 1).
 
-    Solved by the Chebyshev semi-iteration (eq. 4) with the certified bound (3), in torch.
+    Solved by the Chebyshev semi-iteration (eq. 4) with the certified bound (3), in torch
+    (a one-off :class:`PPRSolver`: float32 columns that stall are finished in float64).
 
     Args:
         adjacency: [N, N] symmetric sparse CSR, non-negative weights (zeros ignored).
@@ -487,17 +621,11 @@ def personalized_pagerank(
         ConvergenceError: ``tol`` not reached within ``max_iter``.
     """
     _check_adjacency(adjacency)
-    r_hat = _normalised_seeds(seeds, adjacency.shape[0])
-    transition = build_transition(
-        adjacency, damping=damping, dtype=seeds.dtype, device=seeds.device
-    )
-    result = ppr_chebyshev(transition, r_hat, tol=tol, max_iter=max_iter, normalised=True)
-    if not result.converged:
-        raise ConvergenceError(
-            f"PPR did not reach tol within {max_iter} iterations "
-            f"(worst L1 bound {float(result.error_bound.max()):.3g})"
-        )
-    return result.scores
+    _check_seeds_shape(seeds, adjacency.shape[0])
+    solver = PPRSolver(adjacency, damping=damping, dtype=seeds.dtype, device=seeds.device,
+                       method="chebyshev", kernel="torch", reorder=False, tol=tol,
+                       max_iter=max_iter)
+    return solver(seeds)
 
 
 def rcm_permutation(adjacency: Tensor) -> Tensor:
@@ -583,7 +711,7 @@ class PPRSolver:
     up to the solver tolerance. Methods:
 
     * ``"chebyshev"``: eq. (4) on the precomputed M, certified by (3) (the default on the CPU).
-    * ``"iterate"``: eq. (2) power iteration, same bound, ~30 % more steps.
+    * ``"power"``: eq. (2) power iteration, same bound, ~30 % more steps.
     * ``"closed_form"``: y is linear in r, so x_T = G r / (cᵀ r) with G = L[T, :],
       L = (1−d)(I − dM)⁻¹ and c = 1ᵀL. Because dangling nodes of a symmetric graph are isolated,
       c_j = 1 − d·[j dangling] exactly. G is solved once (T right-hand sides); a query batch is then
@@ -607,7 +735,8 @@ class PPRSolver:
         target_nodes: [T] int64 rows to return (e.g. passage nodes), or None for all N.
         dtype: float32 (fast) or float64 (parity).
         device: where the operator lives (default: the adjacency's device).
-        method: "auto", "chebyshev", "iterate" or "closed_form".
+        method: one of hippo_gpu.config.PPR_METHODS ("auto", "chebyshev", "power",
+            "closed_form").
         reorder: reverse Cuthill–McKee reordering of the rows (None: on for the numba kernel,
             whose gathers it keeps cache-local; off for torch).
         memory_budget: bytes allowed for G in "auto".
@@ -636,8 +765,7 @@ class PPRSolver:
         _check_adjacency(adjacency)
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-        if method not in ("auto", "chebyshev", "iterate", "closed_form"):
-            raise ValueError(f"unknown method {method!r}")
+        check_ppr_method(method)
         device = adjacency.device if device is None else torch.device(device)
         n = adjacency.shape[0]
         if target_nodes is not None:
@@ -661,7 +789,9 @@ class PPRSolver:
         self.last_iterations = 0  # sparse products run by the last call (0 for closed form)
         self.last_steps: Tensor | None = None  # [Q] per-column steps of the last call
         self.last_error_bound: Tensor | None = None  # [Q] per-column L1 bounds of the last call
-        self.build_iterations = 0
+        self._twin: PPRSolver | None = None  # the float64 finish, made on the first stall
+        self._exact: Transition | None = None  # the float64 operator of a float32 iteration
+        self._max_row_nnz = 0
         targets = torch.arange(n) if target_nodes is None else target_nodes
         self.target_nodes = target_nodes
         self.transition: Transition | None = None
@@ -676,13 +806,12 @@ class PPRSolver:
                 adjacency, damping=damping, dtype=torch.float64, device=device
             )
             build_tol = 1e-12 if dtype == torch.float64 else 1e-9
-            g_t, steps = _solve_target_rows(
+            g_t, _ = _solve_target_rows(
                 transition,
                 targets.to(device),
                 tol=build_tol * (1 - self.damping),
                 max_iter=max_iter,
             )
-            self.build_iterations = steps
             is_target = torch.zeros(n, dtype=torch.bool)
             is_target[targets] = True
             others = torch.nonzero(~is_target).flatten()
@@ -701,7 +830,14 @@ class PPRSolver:
             reorder = self.backend == "numba"
         perm = rcm_permutation(adjacency) if reorder else None
         adj = _permute_csr(adjacency, perm) if perm is not None else adjacency
-        self.transition = build_transition(adj, damping=damping, dtype=dtype, device=device)
+        # The operator in float64, and in float32 sharing its indices: a float32 solve checks
+        # each certificate on the float64 residual and finishes stalled columns in float64
+        # (module docstring, "Round-off floor"); 8 more bytes per edge than float32 alone.
+        exact = build_transition(adj, damping=damping, dtype=torch.float64, device=device)
+        self.transition = exact if dtype == torch.float64 else _cast_transition(exact, dtype)
+        self._exact = None if dtype == torch.float64 else exact
+        self._max_row_nnz = int((adj.crow_indices()[1:] - adj.crow_indices()[:-1]).max()) \
+            if n else 0
         if perm is not None:
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(n)
@@ -711,6 +847,7 @@ class PPRSolver:
             self._out_rows = None if target_nodes is None else targets.to(device)
         self._workspace = None  # the numba kernel's per-thread buffers, grown on demand
         self._scaled_values: np.ndarray | None = None  # d·M values for the numba kernel
+        self._scaled_values64: np.ndarray | None = None  # ... in float64, for its verification
         self._identity: np.ndarray | None = None  # [N] 0..N-1 for the numba kernel, made once
         self._workspace_lock = threading.Lock()  # concurrent calls must not share them
 
@@ -723,6 +860,8 @@ class PPRSolver:
         for name, value in vars(self).items():
             if isinstance(value, Tensor):
                 setattr(self, name, value.to(device))
+        if self._exact is not None:
+            self._exact = self._exact.to(device)
         if self.transition is not None:
             self.transition = self.transition.to(device)
             if self.backend == "numba" and device.type != "cpu":
@@ -740,7 +879,7 @@ class PPRSolver:
         max_iter: int | None = None,
         top_k: int | None = None,
     ) -> Tensor:
-        """PPR probabilities at the target rows.
+        """PPR probabilities at the target rows; raises if any column is left uncertified.
 
         Args:
             seeds: [N, Q] non-negative reset weights in original node order (any device/dtype;
@@ -751,39 +890,89 @@ class PPRSolver:
 
         Returns:
             [T, Q] (or [N, Q]) tensor in the solver's dtype and device.
+
+        Raises:
+            ConvergenceError: some columns are uncertified (see :meth:`solve`).
         """
+        solution = self.solve(seeds, tol=tol, max_iter=max_iter, top_k=top_k)
+        solution.raise_if_uncertified()
+        return solution.scores
+
+    def solve(
+        self,
+        seeds: Tensor,
+        *,
+        tol: float | None = None,
+        max_iter: int | None = None,
+        top_k: int | None = None,
+    ) -> PPRSolution:
+        """Like ``solver(seeds)``, but never raises for an uncertified column: the returned
+        :class:`PPRSolution` marks it (its scores are the last iterate), so a caller can fail
+        that query alone. Stalled float32 columns are finished in float64 (module docstring)."""
         seeds = seeds.to(device=self.device, dtype=self.dtype)
-        if self.method == "closed_form":
-            return self._closed_form(seeds)
-        transition = self.transition
-        if transition is None:  # only the closed form drops it
-            raise RuntimeError("PPRSolver has no transition for the iterate method")
         tol = self.tol if tol is None else float(tol)
         max_iter = self.max_iter if max_iter is None else int(max_iter)
         top_k = self.top_k if top_k is None else _check_top_k(top_k)
+        if self.method == "closed_form":
+            scores = self._closed_form(seeds)
+            q = scores.shape[1]
+            zeros = torch.zeros(q, dtype=torch.int64, device=scores.device)
+            solution = PPRSolution(scores, zeros, torch.zeros(q, dtype=self.dtype,
+                                   device=scores.device), torch.ones_like(zeros, dtype=torch.bool),
+                                   torch.zeros_like(zeros, dtype=torch.bool), tol)
+        else:
+            scores, steps, bound, certified, stalled = self._iterate(seeds, tol, max_iter, top_k)
+            refined = torch.zeros_like(stalled)
+            if self.dtype == torch.float32 and bool(stalled.any()):
+                cols = torch.nonzero(stalled).flatten()
+                exact = self._float64_twin().solve(seeds.index_select(1, cols).double(), tol=tol,
+                                                   max_iter=max_iter, top_k=top_k)
+                scores[:, cols] = exact.scores.to(scores.dtype)
+                steps[cols] += exact.steps.to(steps.device)
+                bound[cols] = exact.bound.to(bound.dtype)
+                certified[cols] = exact.certified.to(certified.device)
+                refined[cols] = True
+            solution = PPRSolution(scores, steps, bound, certified, refined, tol)
+        self.last_steps, self.last_error_bound = solution.steps, solution.bound
+        self.last_iterations = int(solution.steps.max()) if solution.steps.numel() else 0
+        return solution
+
+    def _iterate(self, seeds: Tensor, tol: float, max_iter: int,
+                 top_k: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(scores [T, Q], steps, bound, certified, stalled [Q]) of the iteration's backend."""
+        transition = self.transition
+        if transition is None:  # only the closed form drops it
+            raise RuntimeError("PPRSolver has no transition for the iterate method")
         if self.backend == "numba" and self.damping > 0:  # normalises in-kernel: batch-invariant
             _check_seeds_shape(seeds, self.num_nodes)  # values: per column group, in _numba
-            scores, steps, bound, certified = self._numba(seeds, tol, max_iter, top_k or 0)
-            converged = bool(certified.all())
-        else:
-            r_hat = _normalised_seeds(seeds, self.num_nodes)
-            if self._perm is not None:
-                r_hat = r_hat.index_select(0, self._perm)
-            rows = self._out_rows
-            solve = ppr_chebyshev if self.method == "chebyshev" else ppr_iterate
-            step = _triton_step(transition) if self.backend == "triton" else None
-            result = solve(transition, r_hat, tol=tol, max_iter=max_iter, normalised=True,
-                           top_k=top_k, target_rows=rows, step=step)
-            scores = result.scores if rows is None else result.scores.index_select(0, rows)
-            steps, bound, converged = result.iterations, result.error_bound, result.converged
-        self.last_steps, self.last_error_bound = steps, bound
-        self.last_iterations = int(steps.max()) if steps.numel() else 0
-        if not converged:
-            worst = float(bound.max())
-            raise ConvergenceError(f"PPR did not converge (worst L1 bound {worst:.3g})")
-        return scores
+            return self._numba(seeds, tol, max_iter, top_k or 0)
+        r_hat = _normalised_seeds(seeds, self.num_nodes)
+        if self._perm is not None:
+            r_hat = r_hat.index_select(0, self._perm)
+        rows = self._out_rows
+        solve = ppr_chebyshev if self.method == "chebyshev" else ppr_iterate
+        step = _triton_step(transition) if self.backend == "triton" else None
+        result = solve(transition, r_hat, tol=tol, max_iter=max_iter, normalised=True,
+                       top_k=top_k, target_rows=rows, step=step, exact=self._exact)
+        scores = result.scores if rows is None else result.scores.index_select(0, rows)
+        return scores, result.iterations, result.error_bound, result.certified, result.stalled
 
-    def _numba(self, seeds: Tensor, tol: float, max_iter: int, top_k: int) -> tuple[Tensor, ...]:
+    def _float64_twin(self) -> PPRSolver:
+        """This solver in float64 (same method, backend, order and targets, the kept float64
+        operator), made on the first stall: the float64 finish of the module docstring."""
+        with self._workspace_lock:
+            if self._twin is None:
+                twin = copy.copy(self)
+                twin.dtype = torch.float64
+                twin.transition, twin._exact = self._exact, None
+                twin._workspace = None
+                twin._scaled_values = twin._scaled_values64 = None
+                twin._workspace_lock = threading.Lock()
+                self._twin = twin
+            return self._twin
+
+    def _numba(self, seeds: Tensor, tol: float, max_iter: int,
+               top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The fused CPU kernel (hippo_gpu.kernels.ppr_cpu): same iterates as the torch path;
         ``seeds`` are validated but not normalised (the kernel divides by its own column sums)."""
         from hippo_gpu.kernels import ppr_cpu
@@ -804,6 +993,11 @@ class PPRSolver:
         matrix = self.transition.matrix
         if self._scaled_values is None:  # d·M once per solver; indices are shared zero-copy
             self._scaled_values = (matrix.values() * self.damping).numpy()
+            if self._exact is not None:
+                self._scaled_values64 = (self._exact.matrix.values() * self.damping).numpy()
+        # the float64 check's slack, in residual units: r̂ rounded once into float32 moves y*
+        # by ≤ 2⁻²⁴ in L1 (‖L‖₁ ≤ 1), plus float64 round-off of the longest row's sum
+        slack = (1.0 - self.damping) * 2.0 ** -24 + (self._max_row_nnz + 2) * 2.0 ** -52
         itemsize = seeds.element_size()
         threads = torch.get_num_threads()
         # Column groups of one block per thread: each group is copied (and permuted) into its
@@ -841,13 +1035,15 @@ class PPRSolver:
                     tol=tol,
                     top_k=top_k,
                     threads=threads,
+                    stall_steps=stall_steps(self.damping),
+                    data64=self._scaled_values64,
+                    slack=slack,
                     workspace=self._workspace,
                 ))
-        if len(parts) == 1:
-            return tuple(torch.from_numpy(a) for a in parts[0])
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        rest = (np.concatenate([p[k] for p in parts]) for k in (1, 2, 3))
-        return (torch.from_numpy(scores), *(torch.from_numpy(a) for a in rest))
+        joined = [np.concatenate([p[k] for p in parts], axis=1 if k == 0 else 0)
+                  for k in range(5)] if len(parts) > 1 else list(parts[0])
+        scores, steps, bound, certified, stalled = (torch.from_numpy(a) for a in joined)
+        return scores, steps, bound, certified, stalled
 
     def _closed_form(self, seeds: Tensor) -> Tensor:
         """x_T = G r / (cᵀ r); r needs no normalisation (the ratio is scale-free)."""
@@ -863,6 +1059,14 @@ class PPRSolver:
                 out.addmm_(g.T, r_rest.index_select(0, active))
         dangling_mass = (r * self._dangling.unsqueeze(1)).sum(dim=0)  # [Q]
         return out / (1.0 - self.damping * dangling_mass)
+
+
+def _cast_transition(transition: Transition, dtype: torch.dtype) -> Transition:
+    """The same operator with values cast to ``dtype`` (index tensors shared, not copied)."""
+    m = transition.matrix
+    matrix = torch.sparse_csr_tensor(m.crow_indices(), m.col_indices(), m.values().to(dtype),
+                                     m.shape, check_invariants=False)
+    return Transition(matrix, transition.dangling, transition.damping)
 
 
 def _pick_backend(kernel: str, device: torch.device) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, overload
 
@@ -45,7 +45,7 @@ from hippo_gpu.data import Triple
 from hippo_gpu.embed import Encoder
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.index import Index
-from hippo_gpu.ppr import PPRSolver
+from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
 from hippo_gpu.store import IndexFormatError
 
 __all__ = [
@@ -98,6 +98,47 @@ class Ranking:
     dense_fallback: Tensor  # [Q] bool: query answered by the dense ranking
     seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
     filter_outcome: FilterResult | None = None
+    # [Q] float64: the worst certified L1 bound of the PPR solves behind each query (0: none)
+    ppr_bound: Tensor | None = None
+    ppr_refined: Tensor | None = None  # [Q] bool: a stalled float32 solve finished in float64
+    failed: dict[int, str] = field(default_factory=dict)  # query row -> why it has no answer
+
+    def record(self, solution: PPRSolution, rows: Tensor) -> None:
+        """Fold one PPR solve into the per-query report; ``rows`` [c] are the query rows of
+        its columns (-1: a placeholder column whose PPR is discarded)."""
+        q = self.passage_rows.shape[0] if self.ppr_bound is None else self.ppr_bound.numel()
+        if self.ppr_bound is None or self.ppr_refined is None:
+            self.ppr_bound = torch.zeros(q, dtype=torch.float64)
+            self.ppr_refined = torch.zeros(q, dtype=torch.bool)
+        rows = rows.cpu()
+        used = torch.nonzero(rows >= 0).flatten()
+        mine = rows[used]
+        bound = solution.bound.cpu().double()[used]
+        self.ppr_bound[mine] = torch.maximum(self.ppr_bound[mine], bound)
+        self.ppr_refined[mine] |= solution.refined.cpu()[used]
+        for col, why in solution.failures().items():
+            row = int(rows[col])
+            if row >= 0:
+                self.failed.setdefault(row, why)
+
+
+class QueryFailure(ConvergenceError):
+    """Some queries of a batch have no answer (their PPR is uncertified); the others do.
+
+    Attributes:
+        failures: {query row: why}.
+        hits: the answers of every query, [] for a failed one.
+        seeds: the seed facts of every query (``return_seeds``), else None.
+    """
+
+    def __init__(self, failures: dict[int, str], hits: list[list[Hit]],
+                 seeds: list[list[Triple]] | None = None) -> None:
+        rows = sorted(failures)
+        super().__init__(f"{len(rows)} of {len(hits)} queries failed (rows {rows[:10]}): "
+                         f"{failures[rows[0]]}", rows)
+        self.failures = failures
+        self.hits = hits
+        self.seeds = seeds
 
 
 def minmax_rows(x: Tensor) -> Tensor:
@@ -478,18 +519,19 @@ class Searcher:
         """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
         index = self.index
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method)
+        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method,
+               cfg.ppr_max_iter)
         solver = self._solvers.get(key)
         if solver is None:
             if phrase_graph:
                 m = len(index.phrases)
                 adj = _leading_block(index.adjacency, m)
                 solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                                   method="iterate")
+                                   method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
             else:
                 solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
                                    target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
-                                   method=cfg.ppr_method)
+                                   method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
             self._solvers[key] = solver
         return solver
 
@@ -528,10 +570,18 @@ class Searcher:
             fact_filter: hipporag2/hybrid only: recognition-memory filter over candidate facts
                 (default: keep the top linking_top_k facts, i.e. no filter).
             query_entities: hipporag1 only: named entities of each query.
+
+        Raises:
+            QueryFailure: some queries' PPR could not be certified (``max_iter`` ran out while
+                the bound still fell); it carries the other queries' hits. Round-off never
+                causes it (a stalled float32 solve is finished in float64).
         """
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=config,
                             fact_filter=fact_filter, query_entities=query_entities)
         hits = self.to_hits(ranking)
+        if ranking.failed:
+            raise QueryFailure(ranking.failed, hits,
+                               self.seed_facts(ranking) if return_seeds else None)
         if not return_seeds:
             return hits
         return hits, self.seed_facts(ranking)
@@ -545,13 +595,15 @@ class Searcher:
         return [[self.index.facts[j] for j in row if j >= 0] for row in rows.cpu().tolist()]
 
     def to_hits(self, ranking: Ranking) -> list[list[Hit]]:
+        """Hits per query, best first ([] for a query in ``ranking.failed``)."""
         rows = ranking.passage_rows.cpu().tolist()
         scores = ranking.scores.double().cpu().tolist()
         keys, titles = self.index.passage_keys, self.index.passage_titles
         return [
+            [] if q in ranking.failed else
             [Hit(key=keys[r], title=titles[r], score=s, rank=i, row=r)
              for i, (r, s) in enumerate(zip(rr, ss))]
-            for rr, ss in zip(rows, scores)
+            for q, (rr, ss) in enumerate(zip(rows, scores))
         ]
 
     def rank(
@@ -569,6 +621,9 @@ class Searcher:
 
         `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
         vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
+
+        Never raises for an uncertified PPR column: that query is listed in ``failed`` (with
+        its bound in ``ppr_bound``) and the other queries are answered.
         """
         index = self.index
         cfg = config or self.config
@@ -628,6 +683,8 @@ class Searcher:
 
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         parts = []
+        report = Ranking(cand_rows, cand_scores, {}, fallback)  # collects the PPR certificates
+        query_rows = torch.arange(q)
         for a, b in chunks:  # query columns a..b-1: [c, P] scores, [N, c] seeds
             cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
             clock.lap("dense")
@@ -635,11 +692,19 @@ class Searcher:
                                   hybrid=hybrid, dtype=dtype)  # [N, c]
             seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; PPR discarded
             clock.lap("seeds")
-            ppr = self._solver(cfg)(seeds).T  # [c, P] raw PPR probabilities at passage nodes
+            solution = self._solver(cfg).solve(seeds)
             del seeds
+            report.record(solution, query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1))
+            ppr = solution.scores.T  # [c, P] raw PPR probabilities at passage nodes
             clock.lap("ppr")
             if hybrid:
-                entity = None if linked is None else self._entity_doc(*linked, a, b, cfg)
+                entity = None
+                if linked is not None:
+                    doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
+                    entity = (doc, has_ent)
+                    if phrase_solution is not None:
+                        report.record(phrase_solution,
+                                      query_rows[a:b].masked_fill(~has_ent.cpu(), -1))
                 final = self._hybrid_fusion(ppr.float(), cos, cfg, entity)
                 clock.lap("entities")
             else:
@@ -651,7 +716,8 @@ class Searcher:
             clock.lap("rank")
         scores, rows = _cat_topk(parts)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
-        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome)
+        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome,
+                       report.ppr_bound, report.ppr_refined, report.failed)
 
     def _passage_cos(self, query_emb: Tensor) -> Tensor:
         """[c, D] query vectors -> [c, P] float32 query-passage cosine (blockwise GEMM)."""
@@ -709,7 +775,14 @@ class Searcher:
             has_entities: [Q] bool.
         """
         linked = self._link_entities(query_entities, cfg)
-        return self._entity_doc(*linked, 0, len(query_entities), cfg)
+        doc, has_ent, solution = self._entity_doc(*linked, 0, len(query_entities), cfg)
+        if solution is not None:
+            report = Ranking(has_ent, has_ent, {}, has_ent)
+            report.record(solution, torch.arange(len(query_entities)).masked_fill(
+                ~has_ent.cpu(), -1))
+            if report.failed:
+                raise ConvergenceError(next(iter(report.failed.values())), sorted(report.failed))
+        return doc, has_ent
 
     def _link_entities(self, query_entities: Sequence[Sequence[str]],
                        cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
@@ -735,10 +808,12 @@ class Searcher:
         return nearest, torch.tensor(owner, dtype=torch.int64, device=dev)
 
     def _entity_doc(self, nearest: Tensor, owner: Tensor, start: int, stop: int,
-                    cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+                    cfg: RetrievalConfig) -> tuple[Tensor, Tensor, PPRSolution | None]:
         """`entity_scores` of queries start..stop-1 from the linked entities of the batch.
 
-        Returns ([c, P] float32 scores, [c] has_entities), c = stop - start.
+        Returns ([c, P] float32 scores, [c] has_entities, the phrase-graph PPR solution of the
+        c columns, where those of queries without entities are placeholders; None when no
+        query has one), c = stop - start.
         """
         index = self.index
         dev = index.device
@@ -747,17 +822,18 @@ class Searcher:
         nearest, own = nearest[mine], owner[mine] - start
         has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
         if nearest.numel() == 0 or m == 0:
-            return torch.zeros((q, p), device=dev), has_ent
+            return torch.zeros((q, p), device=dev), has_ent, None
         weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, c]
         seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
         has_ent[own] = True
         seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
-        ppr = self._solver(cfg, phrase_graph=True)(seeds)  # [M, c]
+        solution = self._solver(cfg, phrase_graph=True).solve(seeds)
         del seeds
+        ppr = solution.scores  # [M, c]
         doc = minmax_rows((self._incidence(ppr.dtype) @ ppr).T.float())  # [c, P]
-        return doc * has_ent.unsqueeze(1), has_ent
+        return doc * has_ent.unsqueeze(1), has_ent, solution
 
     def _incidence(self, dtype: torch.dtype) -> Tensor:
         """[P, M] binary passage-phrase incidence as sparse CSR (built once per dtype)."""
@@ -796,21 +872,27 @@ class Searcher:
             rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb,
                                            plan.phrase_rows)
         clock.lap("link")
-        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol)
+        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method, cfg.ppr_max_iter)
         if key not in self._solvers:
             self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
         own = torch.tensor(owner, dtype=torch.int64, device=dev)
         parts = []
+        no_fallback = torch.zeros(len(queries), dtype=torch.bool, device=dev)
+        report = Ranking(no_fallback, no_fallback, {}, no_fallback)  # the PPR certificates
+        query_rows = torch.arange(len(queries))
         for a, b in spans(len(queries), plan.query_cols):  # [M, c] seeds, [c, P] scores
             mine = (own >= a) & (own < b)
-            scores, _ = hipporag1.passage_scores(
+            scores, has, solution = hipporag1.passage_scores(
                 self._hipporag1, self._solvers[key], rows[mine], own[mine] - a, b - a)
+            if solution is not None:
+                report.record(solution, query_rows[a:b][has.cpu()])
             clock.lap("ppr")
             parts.append(topk_stable(scores, top_k))
             clock.lap("rank")
         top_scores, top_rows = _cat_topk(parts)
-        return Ranking(top_rows, top_scores, clock.seconds,
-                       torch.zeros(len(queries), dtype=torch.bool, device=dev))
+        return Ranking(top_rows, top_scores, clock.seconds, no_fallback,
+                       ppr_bound=report.ppr_bound, ppr_refined=report.ppr_refined,
+                       failed=report.failed)
 
     def hipporag2_reset_vectors(self, queries: Sequence[str],
                                 config: RetrievalConfig | None = None) -> Tensor:

@@ -285,9 +285,43 @@ def _emit(y, width, lanes_out, target_pos, out, q0):
 
 
 @njit(cache=True, nogil=True)
+def _residual64(indptr, indices, data64, base, y, width, lanes, res, tot):
+    """res[c] = Σ_i |r̂_i + Σ_e data64_e y_{j_e} − y_i| and tot[c] = Σ_i y_i in float64, for the
+    lanes c with lanes[c] (``base`` holds (1 − d)·r̂ here, data64 = d·M in float64): the exact
+    residual of a float32 iterate, which ppr.py's float32 certificate needs ("Round-off floor").
+    One row-major pass for all lanes; float64 accumulators, CSR order."""
+    n = indptr.size - 1
+    acc = np.zeros(width)
+    res[:] = 0.0
+    tot[:] = 0.0
+    for i in range(n):
+        row = i * width
+        for c in range(width):
+            acc[c] = base[row + c]
+        for e in range(indptr[i], indptr[i + 1]):
+            col = indices[e] * width
+            w = data64[e]
+            for c in range(width):
+                acc[c] += w * y[col + c]
+        for c in range(width):
+            if lanes[c]:
+                v = y[row + c]
+                res[c] += abs(acc[c] - v)
+                tot[c] += v
+
+
+@njit(cache=True, nogil=True)
 def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omegas, damping, tol,
-                 top_k, base, y, y_prev, out, iterations, bounds, certified):
-    """All steps of one column block [q0, q0 + width) in the flat [N, W] buffers base, y, y_prev."""
+                 top_k, stall_steps, data64, slack, base, y, y_prev, out, iterations, bounds,
+                 certified, stalled):
+    """All steps of one column block [q0, q0 + width) in the flat [N, W] buffers base, y, y_prev.
+
+    A column whose bound has not halved within ``stall_steps`` steps has reached the round-off
+    floor of the dtype: it stops uncertified with ``stalled`` set (ppr.py, "Round-off floor").
+    With ``data64`` (d·M in float64; empty to skip), a column's certificate is re-checked on its
+    float64 residual before it is emitted, ``slack`` (residual units) covering the rounding of r̂;
+    one that fails it is marked stalled too.
+    """
     n = indptr.size - 1
     live = min(width, reset.shape[1] - q0)
     max_iter = omegas.size
@@ -319,11 +353,24 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     finished = np.zeros(width, np.bool_)
     check_topk = np.zeros(width, np.bool_)
     last_gap = np.full(width, np.inf)  # min top-k gap at the last check (top-k only)
+    halved = np.full(width, np.inf)  # the bound when it last halved, and at which step
+    halved_step = np.zeros(width, np.int64)
+    verify = data64.size > 0
+    res64 = np.zeros(width)
+    tot64 = np.zeros(width)
+    base64 = np.zeros(base.size) if verify else np.zeros(0)  # (1 − d) r̂ as float64
+    if verify:
+        for k in range(base.size):
+            base64[k] = one_minus_d * np.float64(base[k])
+    new = np.zeros(width, np.bool_)  # lanes certified in float32 this step, to verify
+    topk_new = np.zeros(width, np.bool_)
     for step in range(max_iter):
         _sweep_any(n, indptr, indices, data, base, one_minus_d, y, y_prev, omegas[step], res, tot,
                    width)
         finished[:] = False
         check_topk[:] = False
+        new[:] = False
+        topk_new[:] = False
         for c in range(live):
             if done[c]:
                 continue
@@ -333,7 +380,17 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                 finished[c] = True
                 certified[q0 + c] = True
                 iterations[q0 + c] = step + 1
-            elif top_k > 0 and res[c] / one_minus_d <= last_gap[c]:
+                new[c] = True
+                continue
+            if bound <= 0.5 * halved[c]:
+                halved[c] = bound
+                halved_step[c] = step
+            elif step - halved_step[c] >= stall_steps:
+                finished[c] = True
+                stalled[q0 + c] = True
+                iterations[q0 + c] = step + 1
+                continue
+            if top_k > 0 and res[c] / one_minus_d <= last_gap[c]:
                 # Worth checking only once the bound is below the gap last seen (gaps settle
                 # while the bound keeps falling): a skipped check only delays the exit.
                 check_topk[c] = True
@@ -348,11 +405,25 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                     finished[c] = True
                     certified[q0 + c] = True
                     iterations[q0 + c] = step + 1
+                    new[c] = True
+                    topk_new[c] = True
         if step == max_iter - 1:  # out of steps: emit what we have, iterations = max_iter
             for c in range(live):
                 if not done[c] and not finished[c]:
                     finished[c] = True
                     iterations[q0 + c] = max_iter
+        if verify and new.any():  # the float32 certificates, on the float64 residual
+            _residual64(indptr, indices, data64, base64, y, width, new, res64, tot64)
+            for c in range(live):
+                if not new[c]:
+                    continue
+                rho = res64[c] + slack
+                bound = bound_factor * rho / tot64[c] if tot64[c] > 0 else np.inf
+                bounds[q0 + c] = bound
+                ok = bound <= tol or (topk_new[c] and last_gap[c] > rho / one_minus_d)
+                if not ok:
+                    certified[q0 + c] = False
+                    stalled[q0 + c] = True
         if finished.any():
             _emit(y, width, finished, target_pos, out, q0)
             done |= finished
@@ -363,14 +434,17 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
 
 @njit(cache=True, nogil=True)
 def _solve_slot(indptr, indices, data, reset, perm, target_pos, block_start, block_width, omegas,
-                damping, tol, top_k, slot, slots, buffers, out, iterations, bounds, certified):
+                damping, tol, top_k, stall_steps, data64, slack, slot, slots, buffers, out,
+                iterations, bounds, certified, stalled):
     """Blocks slot, slot + slots, ... with this slot's [3, N·W] buffers (no GIL: one per thread)."""
     n = indptr.size - 1
     for b in range(slot, block_start.size, slots):
         size = n * block_width[b]
         _solve_block(indptr, indices, data, reset, perm, target_pos, block_start[b],
-                     block_width[b], omegas, damping, tol, top_k, buffers[0, :size],
-                     buffers[1, :size], buffers[2, :size], out, iterations, bounds, certified)
+                     block_width[b], omegas, damping, tol, top_k, stall_steps, data64, slack,
+                     buffers[0, :size],
+                     buffers[1, :size], buffers[2, :size], out, iterations, bounds, certified,
+                     stalled)
 
 
 def block_layout(
@@ -412,12 +486,18 @@ def solve_blocks(
     tol: float,
     top_k: int,
     threads: int,
+    stall_steps: int,
+    data64: np.ndarray | None = None,
+    slack: float = 0.0,
     workspace: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Solve all columns of ``reset``: (scores [T, Q], steps [Q], bounds [Q], certified [Q]).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Solve all columns of ``reset``: (scores [T, Q], steps [Q], bounds [Q], certified [Q],
+    stalled [Q]).
 
     A column is certified when its L1 bound met ``tol`` (or its top-k certificate held) within
-    ``omegas.size`` steps; an uncertified one reports max_iter steps and its last bound.
+    ``omegas.size`` steps. An uncertified one is either stalled (its bound stopped halving for
+    ``stall_steps`` steps: the dtype's round-off floor, see ppr.py) or ran out of steps; it
+    reports the steps it ran and its last bound.
 
     Args:
         indptr, indices, data: the permuted operator d·M = d·A D⁻¹ as CSR ([N+1] int32/int64,
@@ -429,6 +509,10 @@ def solve_blocks(
         target_pos: [T] int64 positions (in permuted order) of the rows to return.
         omegas: [max_iter] step weights ω_k (ones for the power iteration).
         damping: d; tol: L1 bound per column; top_k: 0 or the top-k certificate's k.
+        stall_steps: steps without the bound halving after which a column counts as stalled.
+        data64: d·M in float64 (same indices), for a float32 solve: certificates are re-checked
+            on the float64 residual (a column failing it is returned stalled); None to skip.
+        slack: added to each float64 residual (the rounding of r̂ into the dtype).
         threads: numba threads (one column block per thread at a time).
         workspace: from :func:`make_workspace` for these sizes, reused across calls (allocated here
             when None).
@@ -443,18 +527,21 @@ def solve_blocks(
     iterations = np.zeros(q, np.int64)
     bounds = np.zeros(q, dtype)
     certified = np.zeros(q, np.bool_)
+    stalled = np.zeros(q, np.bool_)
     args = (indptr, indices, data, reset, perm, target_pos, starts, widths, omegas.astype(dtype),
-            dtype.type(damping), dtype.type(tol), int(top_k))
+            dtype.type(damping), dtype.type(tol), int(top_k), int(stall_steps),
+            np.zeros(0) if data64 is None else data64, float(slack))
 
     def run(slot: int) -> None:
-        _solve_slot(*args, slot, slots, workspace[slot], out, iterations, bounds, certified)
+        _solve_slot(*args, slot, slots, workspace[slot], out, iterations, bounds, certified,
+                    stalled)
 
     if slots == 1:
         run(0)
     else:  # the jitted code releases the GIL: plain threads run the slots in parallel
         with ThreadPoolExecutor(slots) as pool:
             list(pool.map(run, range(slots)))
-    return out, iterations, bounds, certified
+    return out, iterations, bounds, certified, stalled
 
 
 def make_workspace(n: int, width: int, slots: int, dtype: np.dtype) -> np.ndarray:

@@ -111,3 +111,25 @@ def test_parquet_round_trip(sample_searcher, tmp_path):
     want = sample_searcher.retrieve([r["query"] for r in rows], top_k=4)
     assert [g["id"] for g in got] == [str(r["id"]) for r in rows]
     assert [g["keys"] for g in got] == [[h.key for h in hits] for hits in want]
+
+
+def test_failed_queries_go_to_the_side_file(sample_index, tmp_path):
+    """A query whose PPR cannot converge (capped at 2 steps) is recorded in OUT.bad.jsonl with
+    its reason, not written as an answer; a resumed run reports the same."""
+    from hippo_gpu import Searcher
+    from hippo_gpu.config import RetrievalConfig
+
+    capped = Searcher(sample_index, RetrievalConfig(ppr_max_iter=2))
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": 1, "query": "lighthouse"}\n{"id": 2}\n{"id": 3, "query": "clock"}\n')
+    out = tmp_path / "a.jsonl"
+    report = retrieve_file(capped, q, out, skip_bad=True, part_size=1, show_progress=False)
+    assert (report.rows, report.answered, report.bad, report.failed) == (3, 0, 1, 2)
+    assert out.read_text() == ""
+    bad = [json.loads(line) for line in Path(report.bad_file).read_text().splitlines()]
+    assert [b["row"] for b in bad] == [1, 0, 2]  # the malformed row, then the failed ones
+    assert [b.get("id") for b in bad[1:]] == [1, 3]
+    assert all("did not converge" in b["error"] for b in bad[1:])
+    dense = retrieve_file(capped, q, tmp_path / "d.jsonl", mode="dense", skip_bad=True,
+                          show_progress=False)
+    assert (dense.answered, dense.failed) == (2, 0)

@@ -162,14 +162,14 @@ class _KeepOdd:
 def _run(searcher: Searcher, queries, mode: str, budget: int, monkeypatch, *,
          dtype: str = "float32", entities=None, fact_filter=None, top_k: int = 20) -> _Run:
     calls: list[int] = []
-    solve = PPRSolver.__call__
+    solve = PPRSolver.solve  # the Searcher's entry point (it never raises per batch)
 
     def spy(self, seeds, **kw):
         calls.append(int(seeds.shape[1]))
         return solve(self, seeds, **kw)
 
     with monkeypatch.context() as m:
-        m.setattr(PPRSolver, "__call__", spy)
+        m.setattr(PPRSolver, "solve", spy)
         cfg = RetrievalConfig(dtype=dtype, chunk_bytes=budget)
         r = searcher.rank(queries, top_k=top_k, mode=mode, config=cfg,
                           query_entities=entities, fact_filter=fact_filter)

@@ -185,7 +185,7 @@ def assert_ranking(rows: list[int], ref: np.ndarray, atol: float = ATOL) -> None
 def functional_scores(searcher, graph, entities, cfg=CFG64):
     texts, owner = v1.flatten_entities(entities)
     rows = v1.link_entities(searcher.encoder.encode(texts), searcher.index.phrase_emb)
-    scores, has = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
+    scores, has, _ = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
                                     torch.tensor(owner, dtype=torch.int64), len(entities))
     return scores.numpy(), has
 

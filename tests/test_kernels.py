@@ -54,7 +54,7 @@ def _numba_solver(adjacency, **kw) -> PPRSolver:
 @pytest.mark.parametrize(
     ("n", "q", "method"),
     [(1, 1, "chebyshev"), (7, 3, "chebyshev"), (769, 1, "chebyshev"), (769, 64, "chebyshev"),
-     (2000, 3, "chebyshev"), (769, 64, "iterate")],
+     (2000, 3, "chebyshev"), (769, 64, "power")],
 )
 def test_numba_matches_dense_oracle(dtype: torch.dtype, n: int, q: int, method: str) -> None:
     edges, weights, reset = _case(n, q, seed=n + q)
@@ -121,7 +121,7 @@ def test_numba_agrees_with_torch_path() -> None:
     edges, weights, reset = _case(n, q, seed=9)
     adjacency = edges_to_csr(edges, weights, n)
     seeds = torch.from_numpy(reset)
-    for method in ("chebyshev", "iterate"):
+    for method in ("chebyshev", "power"):
         fast = _numba_solver(adjacency, dtype=torch.float64, method=method, reorder=False)
         ref = PPRSolver(adjacency, dtype=torch.float64, method=method, kernel="torch")
         a, b = fast(seeds), ref(seeds)
@@ -141,13 +141,14 @@ def test_numba_top_k_and_uncertified_columns() -> None:
     args = (m.crow_indices().numpy(), m.col_indices().numpy(), 0.5 * m.values().numpy(),  # d·M
             reset, np.arange(n), np.arange(n))
     weights_ = np.ones(3)  # 3 power steps: not enough for tol
-    out, steps, bounds, certified = ppr_cpu.solve_blocks(
-        *args, weights_, damping=0.5, tol=1e-12, top_k=0, threads=1)
-    assert not certified.any() and (steps == 3).all() and (bounds > 1e-12).all()
+    out, steps, bounds, certified, stalled = ppr_cpu.solve_blocks(
+        *args, weights_, damping=0.5, tol=1e-12, top_k=0, threads=1, stall_steps=8)
+    assert not certified.any() and not stalled.any()
+    assert (steps == 3).all() and (bounds > 1e-12).all()
     np.testing.assert_allclose(out.sum(0), 1.0, atol=1e-12)
     # k >= T: the whole order of all N rows must be certain; k = 1 certifies early
-    out, steps, bounds, certified = ppr_cpu.solve_blocks(
-        *args, np.ones(200), damping=0.5, tol=1e-14, top_k=1, threads=2)
+    out, steps, bounds, certified, stalled = ppr_cpu.solve_blocks(
+        *args, np.ones(200), damping=0.5, tol=1e-14, top_k=1, threads=2, stall_steps=8)
     assert certified.all()
     expected = _oracle(n, q, 12)
     assert np.array_equal(out.argmax(0), expected.argmax(0))

@@ -193,12 +193,12 @@ def test_bad_adjacency_and_damping_raise() -> None:
     ("method", "kernel", "reorder"),
     [
         ("closed_form", "auto", False),
-        ("iterate", "torch", False),
-        ("iterate", "torch", True),
+        ("power", "torch", False),
+        ("power", "torch", True),
         ("chebyshev", "torch", False),
         ("chebyshev", "torch", True),
         pytest.param("chebyshev", "numba", None, marks=needs_numba),
-        pytest.param("iterate", "numba", False, marks=needs_numba),
+        pytest.param("power", "numba", False, marks=needs_numba),
     ],
 )
 def test_solver_matches_function(
@@ -235,7 +235,7 @@ def test_solver_all_rows_and_to() -> None:
     edges, weights, reset = _case(50, 3, seed=2)
     adjacency = edges_to_csr(edges, weights, 50)
     expected = dense_ppr(dense_adjacency(edges, weights, 50), reset)
-    for method in ("closed_form", "iterate", "chebyshev"):
+    for method in ("closed_form", "power", "chebyshev"):
         solver = PPRSolver(adjacency, dtype=torch.float64, method=method).to("cpu")
         np.testing.assert_allclose(
             solver(torch.from_numpy(reset)).numpy(), expected, rtol=0, atol=PARITY_ATOL

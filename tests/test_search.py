@@ -160,7 +160,7 @@ def test_minmax_and_stable_topk():
 
 def test_closed_form_ppr_gives_the_iterative_ranking(sample_index, sample_searcher):
     it = sample_searcher.rank(QUERIES, top_k=30,
-              config=RetrievalConfig(dtype="float64", ppr_method="iterate", ppr_tol=1e-12))
+              config=RetrievalConfig(dtype="float64", ppr_method="power", ppr_tol=1e-12))
     cf = sample_searcher.rank(QUERIES, top_k=30,
               config=RetrievalConfig(dtype="float64", ppr_method="closed_form"))
     assert cf.passage_rows.tolist() == it.passage_rows.tolist()

@@ -632,3 +632,27 @@ def test_cli_rejects_bad_index_specs(tmp_path: Path) -> None:
         assert result.exit_code == 2, result.output
         # typer draws the error in a box and wraps it: compare the words only
         assert needle in " ".join(result.output.replace("│", " ").split()), result.output
+
+
+def test_a_query_whose_ppr_cannot_converge_fails_alone_with_its_reason(index_dir: Path) -> None:
+    """PPR capped at 2 steps (a real non-convergence, not round-off): a single-query request
+    gets a 500 naming the cause, a batch gets an error entry per failed query, dense answers."""
+    from hippo_gpu import Searcher, load_index
+    from hippo_gpu.config import RetrievalConfig
+
+    capped = Searcher(load_index(index_dir, device="cpu"), RetrievalConfig(ppr_max_iter=2))
+    with serving(capped, ServerConfig()) as (url, _):
+        one = httpx.post(f"{url}/v1/retrieve", timeout=60,
+                         json={"queries": ["Who kept the lighthouse?"], "mode": "hipporag2"})
+        assert one.status_code == 500
+        assert one.json()["detail"].startswith("retrieval failed: PPR did not converge")
+        many = httpx.post(f"{url}/v1/retrieve", timeout=60, json={
+            "queries": ["Who kept the lighthouse?", "What is a tidal clock?"], "mode": "hybrid"})
+        assert many.status_code == 200
+        body = many.json()
+        assert body["results"] == [[], []]
+        assert len(body["errors"]) == 2 and all("did not converge" in e for e in body["errors"])
+        dense = httpx.post(f"{url}/v1/retrieve", timeout=60, json={
+            "queries": ["Who kept the lighthouse?", "What is a tidal clock?"], "mode": "dense"})
+        assert dense.status_code == 200 and dense.json().get("errors") is None
+        assert all(len(r) > 0 for r in dense.json()["results"])

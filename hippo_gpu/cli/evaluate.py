@@ -133,9 +133,13 @@ def eval_cmd(
         table.add_column(f"R@{k}", justify="right")
     table.add_column("q/s", justify="right")
     table.add_column("fallbacks", justify="right")
+    table.add_column("PPR bound", justify="right")
+    table.add_column("refined", justify="right")
+    table.add_column("failed", justify="right")
     for m, r in results.items():
         table.add_row(m, *[f"{r.recall[k]:.2f}" for k in ks], f"{r.queries_per_s:.1f}",
-                      str(r.dense_fallbacks))
+                      str(r.dense_fallbacks), f"{r.ppr_max_bound:.2g}", str(r.ppr_refined),
+                      str(r.failed))
     console.print(table)
     for m, r in results.items():
         console.print(f"{m} stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r.stage_s.items()))

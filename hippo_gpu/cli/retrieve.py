@@ -59,7 +59,7 @@ def retrieve(
     except (DataFormatError, IndexFormatError, FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
-                  f"from committed parts, {report.bad} malformed"
+                  f"from committed parts, {report.bad} malformed, {report.failed} failed"
                   + (f" (see {report.bad_file})" if report.bad_file else "")
                   + f"; {report.queries_per_s:.1f} queries/s, {n} threads")
 

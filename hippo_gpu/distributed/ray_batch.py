@@ -167,7 +167,7 @@ class IndexActor:
             done["chunk"].append(chunk)
             done["rows"].append(answers.num_rows - status.count("blank"))
             done["answered"].append(status.count("ok"))
-            done["bad"].append(status.count("bad"))
+            done["bad"].append(status.count("bad") + status.count("failed"))
         return pa.Table.from_pydict(done)
 
     def read(self, chunk: int, span: list[int]) -> pa.Table:
@@ -222,14 +222,16 @@ class IndexActor:
         answers = iter(answer_rows(self.searcher, todo, mode=self.mode, top_k=self.top_k,
                                    batch_size=self.batch_size))
         cols: dict[str, list[Any]] = {k: [] for k in ("keys", "titles", "scores")}
-        for r in table:
+        status, errors = rows.column("status").to_pylist(), rows.column("error").to_pylist()
+        for j, r in enumerate(table):
             a = next(answers) if r["status"] == "ok" else None
+            if a is not None and "error" in a:  # retrieval failed: to the side file
+                status[j], errors[j], a = "failed", a["error"], None
             for k in cols:
                 cols[k].append(a[k] if a else None)
-        return pa.Table.from_pydict({"_order": rows.column("_order"),
-                                     "status": rows.column("status"),
-                                     "id": rows.column("id"), **cols,
-                                     "error": rows.column("error")}, schema=OUT_SCHEMA)
+        return pa.Table.from_pydict({"_order": rows.column("_order"), "status": status,
+                                     "id": rows.column("id"), **cols, "error": errors},
+                                    schema=OUT_SCHEMA)
 
 
 def _check(raw: Any) -> tuple[str, str | None, str | None, list[str] | None, str | None]:
@@ -287,7 +289,7 @@ class _Join:
                 if r["status"] == "blank":
                     continue
                 self.rows += 1
-                if r["status"] == "bad":
+                if r["status"] in ("bad", "failed"):
                     where = (f"{self.source}:{position}" if self.kind == "jsonl"
                              else f"{self.source} row {position - 1}")
                     self.bad.append({"row": self.rows - 1, "where": where,

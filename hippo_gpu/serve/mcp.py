@@ -119,6 +119,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
             raise ToolError("server busy: queue full; retry in a second") from e
         except BatcherClosedError as e:
             raise ToolError("server shutting down") from e
+        if answers[0].error is not None:
+            raise ToolError(f"retrieval failed: {answers[0].error}")
         return RetrieveOut(index=served.name, mode=mode,
                            hits=[HitOut(**h) for h in answers[0].hits])
 

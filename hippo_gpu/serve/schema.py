@@ -249,6 +249,12 @@ class RetrieveResponse(BaseModel):
         description="per query, the seed facts of its PPR (empty for dense answers and "
         "hipporag1); null unless return_seeds",
     )
+    errors: list[str | None] | None = Field(
+        default=None,
+        description="present only when some query of a batch failed: per query, null when "
+        "answered, else why it was not (its ranking is then empty; the others are answered). "
+        "A request of one query that fails gets a 500 naming the cause instead",
+    )
 
 
 class LatencyMs(BaseModel):

@@ -298,8 +298,13 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
             raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
         except BatcherClosedError as e:
             raise HTTPException(503, "server shutting down") from e
+        errors = [a.error for a in answers]
+        if len(answers) == 1 and errors[0] is not None:  # nothing else to answer
+            raise HTTPException(500, f"retrieval failed: {errors[0]}")
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
+        if any(e is not None for e in errors):
+            body["errors"] = errors
         # Hits were validated as they were built; skip a second pydantic pass on the event loop.
         return JSONResponse(body)
 

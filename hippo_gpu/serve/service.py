@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hippo_gpu.search import Hit, Searcher
+from hippo_gpu.search import Hit, QueryFailure, Searcher
 from hippo_gpu.serve.batcher import (
     BatcherClosedError,
     BatcherConfig,
@@ -143,10 +143,14 @@ class Query(NamedTuple):
 class Answer(NamedTuple):
     hits: list[dict[str, Any]]  # JSON-ready {"key", "title", "text", "score", "rank"}
     seeds: list[Any] | None
+    error: str | None = None  # why this query has no answer (its PPR is uncertified)
 
 
 class _SearcherAdapter:
     """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
+
+    A query whose PPR could not be certified gets an `Answer` with `error` set and no hits; the
+    rest of its batch is answered (hippo_gpu.search.Ranking.failed).
 
     Each batch takes the holder's current searcher once, at its start, and uses only it: a
     write that commits meanwhile switches later batches, never this one (no mixed versions).
@@ -166,20 +170,25 @@ class _SearcherAdapter:
             entities = [q.entities for q in queries if q.entities is not None]
             if len(entities) != len(queries):
                 raise TypeError("a batch keyed with_entities holds a query without entities")
-        seeds: Sequence[list[Any] | None]
-        if key.return_seeds:
-            hits, raw = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                          query_entities=entities, return_seeds=True)
+        failed: dict[int, str] = {}
+        raw: list[list[Any]] | None = None
+        try:
+            if key.return_seeds:
+                hits, raw = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
+                                              query_entities=entities, return_seeds=True)
+            else:
+                hits = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
+                                         query_entities=entities)
+        except QueryFailure as e:  # the other queries of the batch are answered
+            hits, raw, failed = e.hits, e.seeds, e.failures
+        seeds: Sequence[list[Any] | None] = [None] * len(queries)
+        if raw is not None:
             seeds = [[_jsonable(s) for s in per_query] for per_query in raw]
-        else:
-            hits = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                     query_entities=entities)
-            seeds = [None] * len(queries)
         if len(hits) != len(queries):
             raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
         return [
-            Answer([hit_dict(h, passage_texts) for h in per_query], s)
-            for per_query, s in zip(hits, seeds, strict=True)
+            Answer([hit_dict(h, passage_texts) for h in per_query], s, failed.get(i))
+            for i, (per_query, s) in enumerate(zip(hits, seeds, strict=True))
         ]
 
 
