@@ -1,7 +1,7 @@
 """build_index(): read -> elements -> encode -> kNN -> graph -> Index [-> save].
 
 The one indexing pipeline: corpus and OpenIE readers (data.py), graph elements and the CSR
-adjacency (graph.py), embeddings with their content-addressed cache (embed.py), synonym kNN
+adjacency (graph.py), embeddings with their content-addressed cache (embed/), synonym kNN
 (synonyms.py). `assemble_index` is the part shared with the writer (writer.py): given the
 per-passage normalised triples of a corpus it computes everything else, reusing the vectors and
 synonym lists of a previous version where they are provably unchanged.

@@ -20,8 +20,10 @@ class EncoderConfig:
     instruction; a non-empty instruction is rendered with `instruction_template` in front of the
     query (NV-Embed style). Passages, phrases and facts never get an instruction (as upstream).
     `precision` "bfloat16" runs the encoder under autocast (AMX on recent Xeons, about 2x faster
-    on CPU, cosine error ~1e-3); "float32" is exact and the default. `query_batch_size` is the
-    encoder batch for queries (short texts: small batches measured faster on CPU).
+    on CPU, cosine error ~1e-3); "float32" is exact and the default; "float16" casts the model
+    to half, which runs on CUDA only (an Encoder on another device refuses it).
+    `query_batch_size` is the encoder batch for queries (short texts: small batches measured
+    faster on CPU).
     `backend` chooses what runs the model: "torch" (sentence-transformers, the reference);
     "onnx" (the same model exported once with torch.onnx, run by ONNX Runtime on CPU in float32;
     embeddings within 1e-5 of torch, checked every time an encoder loads; one query per call

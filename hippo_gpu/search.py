@@ -42,7 +42,7 @@ from hippo_gpu import hipporag1
 from hippo_gpu.blockwise import block_rows, nearest_rows, scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
-from hippo_gpu.embed import Encoder
+from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
@@ -429,7 +429,8 @@ class Searcher:
         index: the index to search (its device is the searcher's device).
         config: default retrieval settings (defaults reproduce upstream); `rank`/`retrieve`
             accept a per-call override.
-        query_precision: query encoder precision (default: the index's encoder precision).
+        query_precision: query encoder precision (default: the index's encoder precision, as
+            the index's device runs it: float32 for a float16 encoder off CUDA).
         query_batch_size: query encoder batch size (default: the index's encoder setting).
         query_backend: what runs the query encoder: "auto" (ONNX Runtime on a CPU when the
             `onnx` extra is installed and its vectors pass the parity check against torch,
@@ -446,7 +447,7 @@ class Searcher:
         self.config = config or RetrievalConfig()
         enc = self.index.config.encoder
         self.encoder_config = replace(
-            enc, precision=query_precision or enc.precision,
+            enc, precision=query_precision or runnable_precision(enc.precision, index.device),
             query_batch_size=query_batch_size or enc.query_batch_size,
             backend=query_backend)
         self._query_encoder = encoder

@@ -35,14 +35,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hippo_gpu.build import CorpusState, Stages, assemble_index, corpus_state
 from hippo_gpu.data import DataFormatError, Passage, as_passages, read_openie
 from hippo_gpu.device import resolve_device
-from hippo_gpu.embed import Encoder
+from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.index import Index, load_index
 from hippo_gpu.store import collect_garbage, read_manifest, write_version, writer_lock
 
@@ -239,9 +239,10 @@ class IndexWriter:
         stages = Stages()
 
         def load_encoder() -> Encoder:
-            if self._encoder is None:
-                self._encoder = Encoder(base.config.encoder, self.device,
-                                        cache_dir=self.cache_dir)
+            if self._encoder is None:  # the index's encoder, at the precision this device runs
+                cfg = base.config.encoder
+                cfg = replace(cfg, precision=runnable_precision(cfg.precision, self.device))
+                self._encoder = Encoder(cfg, self.device, cache_dir=self.cache_dir)
                 stages.lap("load_encoder")
             return self._encoder
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hippo_gpu import embed
 from hippo_gpu.config import EncoderConfig
-from hippo_gpu.embed import Encoder, length_buckets
+from hippo_gpu.embed import Encoder, length_buckets, onnx_backend, runnable_precision
 from hippo_gpu.sample import paths
 
 
@@ -154,7 +153,7 @@ def test_onnx_export_is_cached(onnx_pair, onnx_dir, monkeypatch):
     def no_export(*args, **kwargs):
         raise AssertionError("the cached export must be reused, not exported again")
 
-    monkeypatch.setattr(embed, "export_onnx", no_export)
+    monkeypatch.setattr(onnx_backend, "export_onnx", no_export)
     again = Encoder(EncoderConfig(backend="auto"), torch.device("cpu"), onnx_dir=onnx_dir)
     assert again.backend == "onnx" and again.onnx_export_seconds is None
     assert again.onnx.path == path and path.stat().st_mtime_ns == mtime
@@ -164,15 +163,16 @@ def test_onnx_export_is_cached(onnx_pair, onnx_dir, monkeypatch):
 def test_parity_failure_falls_back_to_torch_once(tmp_path, monkeypatch, caplog):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    monkeypatch.setattr(embed, "ONNX_PARITY_ATOL", -1.0)  # no export can pass this check
+    monkeypatch.setattr(onnx_backend, "ONNX_PARITY_ATOL", -1.0)  # no export can pass this check
     cfg = EncoderConfig(backend="onnx")
     with caplog.at_level(logging.WARNING, logger="hippo_gpu.embed"):
         first = Encoder(cfg, torch.device("cpu"), onnx_dir=tmp_path)
-        monkeypatch.setattr(embed, "export_onnx", lambda *a, **k: pytest.fail("re-exported"))
+        monkeypatch.setattr(onnx_backend, "export_onnx",
+                            lambda *a, **k: pytest.fail("re-exported"))
         second = Encoder(cfg, torch.device("cpu"), onnx_dir=tmp_path)
     assert first.backend == second.backend == "torch"
     assert first.onnx is None and first.onnx_parity is None
-    warned = [r for r in caplog.records if r.name == "hippo_gpu.embed"]
+    warned = [r for r in caplog.records if r.name == "hippo_gpu.embed.encoder"]
     assert len(warned) == 1 and "using torch" in warned[0].getMessage()
     assert not any(p.suffix == ".onnx" for p in tmp_path.rglob("*"))  # nothing published
     e = first.encode_queries(["who?"], "query_to_passage")
@@ -193,3 +193,13 @@ def test_auto_keeps_torch_for_bfloat16(tmp_path):
     enc = Encoder(EncoderConfig(backend="auto", precision="bfloat16"), torch.device("cpu"),
                   onnx_dir=tmp_path)
     assert enc.backend == "torch" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model", ["hash:16", "sentence-transformers/all-MiniLM-L6-v2"])
+def test_float16_is_refused_where_it_would_not_run(model):
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match=r"'float16' does not run on device cpu"):
+        Encoder(EncoderConfig(model=model, precision="float16"), cpu)
+    assert runnable_precision("float16", cpu) == "float32"
+    assert runnable_precision("float16", torch.device("cuda")) == "float16"
+    assert runnable_precision("bfloat16", cpu) == "bfloat16"
