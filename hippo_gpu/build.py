@@ -1,10 +1,11 @@
 """build_index(): read -> elements -> encode -> kNN -> graph -> Index [-> save].
 
 The one indexing pipeline: corpus and OpenIE readers (data.py), graph elements and the CSR
-adjacency (graph.py), embeddings with their content-addressed cache (embed/), synonym kNN
-(synonyms.py). `assemble_index` is the part shared with the writer (writer.py): given the
-per-passage normalised triples of a corpus it computes everything else, reusing the vectors and
-synonym lists of a previous version where they are provably unchanged.
+adjacency (graph.py), embeddings with their content-addressed cache (embed/), synonym edges
+(synonyms.synonym_edges, over the kNN of vector_search.py). `assemble_index` is the part
+shared with the writer (writer.py): given the per-passage normalised triples of a corpus it
+computes everything else, reusing the vectors and synonym lists of a previous version where
+they are provably unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from hippo_gpu.data import (
     OpenIEDoc,
     OpenIEReport,
     Passage,
-    PassageTriples,
     Triple,
     as_passages,
     memoised_normalize,
@@ -44,17 +44,8 @@ from hippo_gpu.graph import (
     phrase_passage_counts,
 )
 from hippo_gpu.index import Index
-from hippo_gpu.synonyms import (
-    APPROXIMATE_BACKENDS,
-    SynonymEdges,
-    approximate_synonym_edges,
-    join_synonym_edges,
-    knn,
-    resolve_knn_backend,
-    select_synonym_edges,
-    synonym_candidates_k,
-    update_synonym_edges,
-)
+from hippo_gpu.synonyms import PreviousSynonyms, SynonymEdges, synonym_edges
+from hippo_gpu.tables import PassageTriples
 
 # Where vectors can come from besides the encoder: a PrecomputedEmbeddings directory (looked up
 # by text, the rest encoded) or a function (texts, kind) -> [n, D] used for every text.
@@ -261,37 +252,10 @@ def assemble_index(
                       prev.fact_emb if prev else None, "facts")
     del fact_texts
 
-    backend = resolve_knn_backend(config.graph.knn_backend, device, len(elements.phrases))
-    k = synonym_candidates_k(config.graph, len(elements.phrases))
-    knn_info: dict[str, Any] = {"backend": backend, "k": k}
-    if prev is None and backend == "ivf-join":
-        synonyms, knn_info = join_synonym_edges(
-            elements.phrases, phrase_emb, config.graph, device=device,
-            show_progress=show_progress)
-        log.info("approximate synonym kNN (ivf-join): edge recall vs exact = %.4f on %d "
-                 "held-out phrases", knn_info["recall_vs_exact"], knn_info["recall_sample"])
-    elif prev is None and backend in APPROXIMATE_BACKENDS:
-        synonyms, knn_info = approximate_synonym_edges(
-            elements.phrases, phrase_emb, config.graph, device=device,
-            kind="ivf" if backend == "faiss-ivf" else "hnsw", show_progress=show_progress)
-        log.info("approximate synonym kNN (%s): edge recall vs exact = %.4f on %d phrases",
-                 knn_info["backend"], knn_info["recall_vs_exact"], knn_info.get("recall_sample", 0))
-    elif prev is None:
-        scores, ids = knn(phrase_emb.to(device) if backend == "torch" else phrase_emb, k,
-                          backend=backend)
-        knn_info["recall_vs_exact"] = 1.0
-        synonyms = select_synonym_edges(elements.phrases, scores, ids, config.graph)
-        del scores, ids
-    else:
-        old = SynonymEdges(prev.synonym_src.numpy(), prev.synonym_dst.numpy(),
-                           prev.synonym_score.float().numpy())
-        synonyms, recomputed = update_synonym_edges(
-            list(prev.phrases), prev.phrase_emb.float().cpu(), old, elements.phrases, phrase_emb,
-            config.graph, backend=backend, device=device)
-        knn_info["recomputed_phrases"] = recomputed
-        prev_knn = prev.report.get("synonym_knn", {})
-        if "recall_vs_exact" in prev_knn:
-            knn_info["recall_vs_exact"] = prev_knn["recall_vs_exact"]
+    synonyms, knn_info = synonym_edges(
+        elements.phrases, phrase_emb, config.graph, device,
+        previous=_previous_synonyms(prev) if prev is not None else None,
+        show_progress=show_progress)
     stages.lap("synonym_knn")
     graph_out = build_graph(elements, synonyms, config.graph)
     stages.lap("adjacency")
@@ -343,6 +307,15 @@ def assemble_index(
         synonym_dst=torch.from_numpy(synonyms.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(synonyms.score.astype(np.float32)),
     )
+
+
+def _previous_synonyms(prev: Index) -> PreviousSynonyms:
+    """What synonyms.update_synonym_edges reuses of an earlier version (in its phrase rows)."""
+    return PreviousSynonyms(
+        phrases=list(prev.phrases), vectors=prev.phrase_emb.float().cpu(),
+        edges=SynonymEdges(prev.synonym_src.numpy(), prev.synonym_dst.numpy(),
+                           prev.synonym_score.float().numpy()),
+        info=prev.report.get("synonym_knn", {}))
 
 
 def _log_report(report: OpenIEReport) -> None:

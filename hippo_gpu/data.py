@@ -1,4 +1,5 @@
-"""Readers for HippoRAG-format data: corpus, questions and OpenIE JSON.
+"""Readers for HippoRAG-format data: corpus, questions and OpenIE JSON, and the text
+normalisation and passage keys they share (the columnar tables are tables.py).
 
 Everything users bring arrives here first, so every defect in it is counted, never fatal:
 malformed triples (wrong arity, non-strings, empty strings) and passages without triples are
@@ -12,12 +13,10 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 Triple = tuple[str, str, str]
 
@@ -322,138 +321,3 @@ def _doc_key(d: dict[str, Any], where: str) -> str:
     if isinstance(d.get("title"), str) and isinstance(d.get("text"), str):
         return passage_key(f"{d['title']}\n{d['text']}")
     raise DataFormatError(f"{where}: needs 'idx' (chunk key), 'passage', or 'title' + 'text'")
-
-
-# --- columnar tables behind the Index's text fields ---------------------------------------------
-
-
-class _SequenceEq(Sequence):  # type: ignore[type-arg]
-    """Sequence equality by elements, so a lazy table compares equal to the list it stands for."""
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        head = ", ".join(repr(x) for x in self[:3])
-        return f"{type(self).__name__}([{head}{', ...' if len(self) > 3 else ''}], n={len(self)})"
-
-
-class StringTable(_SequenceEq):
-    """n strings as one UTF-8 blob and [n + 1] byte offsets; item i is decoded on access.
-
-    File layout (`write`): int64 n, int64 offsets[n + 1], then the blob; `open` memory-maps it,
-    so a table of a million passages costs nothing until a row is read.
-    """
-
-    def __init__(self, offsets: np.ndarray, blob: np.ndarray) -> None:
-        self._off = offsets  # [n + 1] int64
-        self._blob = blob  # [bytes] uint8
-
-    @classmethod
-    def from_strings(cls, strings: Sequence[str]) -> StringTable:
-        raw = [s.encode("utf-8") for s in strings]
-        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        return cls(offsets, np.frombuffer(b"".join(raw), dtype=np.uint8))
-
-    @classmethod
-    def open(cls, path: str | Path) -> StringTable:
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-        try:
-            n = int(mm[:8].view(np.int64)[0])
-            offsets = mm[8:8 * (n + 2)].view(np.int64)
-            blob = mm[8 * (n + 2):]
-            if len(offsets) != n + 1 or int(offsets[-1]) != len(blob):
-                raise ValueError("offsets do not match the blob")
-        except (ValueError, IndexError) as e:
-            raise DataFormatError(f"{path}: not a string table ({e})") from e
-        return cls(offsets, blob)
-
-    def write(self, path: str | Path) -> None:
-        with Path(path).open("wb") as f:
-            f.write(np.int64(len(self)).tobytes())
-            f.write(np.ascontiguousarray(self._off, dtype=np.int64).tobytes())
-            np.ascontiguousarray(self._blob).tofile(f)
-
-    def __len__(self) -> int:
-        return len(self._off) - 1
-
-    def _get(self, i: int) -> str:
-        return bytes(self._blob[self._off[i]:self._off[i + 1]]).decode("utf-8")
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
-        if isinstance(i, slice):
-            return [self._get(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"row {i} out of range for {n} strings")
-        return self._get(i % n if n else i)
-
-    def __iter__(self) -> Iterator[str]:
-        off = self._off.tolist()
-        blob = bytes(self._blob) if len(self._blob) < (1 << 28) else None
-        for i in range(len(off) - 1):
-            yield (blob[off[i]:off[i + 1]].decode("utf-8") if blob is not None
-                   else self._get(i))
-
-
-class FactTable(_SequenceEq):
-    """Facts as rows: fact j = (phrases[spo[j, 0]], predicates[spo[j, 1]], phrases[spo[j, 2]]),
-    built on access (no Python object per fact until one is read)."""
-
-    def __init__(self, phrases: Sequence[str], predicates: Sequence[str],
-                 spo: np.ndarray) -> None:
-        self.phrases, self.predicates = phrases, predicates
-        self.spo = spo  # [F, 3] int64
-
-    @classmethod
-    def from_triples(cls, facts: Sequence[Triple], phrases: Sequence[str]) -> FactTable:
-        """The table of a list of facts whose subjects and objects are among `phrases`."""
-        row = {p: i for i, p in enumerate(phrases)}
-        predicates = sorted({f[1] for f in facts})
-        prow = {p: i for i, p in enumerate(predicates)}
-        spo = np.array([[row[s], prow[p], row[o]] for s, p, o in facts],
-                       dtype=np.int64).reshape(-1, 3)
-        return cls(phrases, predicates, spo)
-
-    def __len__(self) -> int:
-        return len(self.spo)
-
-    def __getitem__(self, j):  # type: ignore[no-untyped-def, override]
-        if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(len(self)))]
-        s, p, o = self.spo[j].tolist()
-        return (self.phrases[s], self.predicates[p], self.phrases[o])
-
-    def __iter__(self) -> Iterator[Triple]:
-        ph, pr = self.phrases, self.predicates
-        for s, p, o in self.spo.tolist():
-            yield (ph[s], pr[p], ph[o])
-
-
-class PassageTriples(_SequenceEq):
-    """Per passage, its normalised triples in OpenIE order with multiplicity:
-    item p = [facts[r] for r in rows[ptr[p]:ptr[p + 1]]]."""
-
-    def __init__(self, facts: Sequence[Triple], ptr: np.ndarray, rows: np.ndarray) -> None:
-        self.facts, self.ptr, self.rows = facts, ptr, rows  # [P + 1], [T]
-
-    def __len__(self) -> int:
-        return len(self.ptr) - 1
-
-    def __getitem__(self, p):  # type: ignore[no-untyped-def, override]
-        if isinstance(p, slice):
-            return [self[k] for k in range(*p.indices(len(self)))]
-        n = len(self)
-        if not -n <= p < n:
-            raise IndexError(f"passage {p} out of range for {n} passages")
-        p %= n
-        return [self.facts[r] for r in self.rows[self.ptr[p]:self.ptr[p + 1]].tolist()]

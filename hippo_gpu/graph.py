@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import GraphConfig
-from hippo_gpu.data import FactTable, OpenIEDoc, Triple, normalize_text
+from hippo_gpu.data import OpenIEDoc, Triple, normalize_text
 from hippo_gpu.progress import progress
 from hippo_gpu.synonyms import SynonymEdges
+from hippo_gpu.tables import FactTable
 
 __all__ = ["Graph", "GraphElements", "build_graph", "coo_to_csr", "edge_counts",
            "extract_elements", "fact_text", "make_csr", "normalize_text",

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import IndexConfig
-from hippo_gpu.data import FactTable, PassageTriples, StringTable, Triple
+from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
 from hippo_gpu.store import (
@@ -28,6 +28,7 @@ from hippo_gpu.store import (
     write_version,
     writer_lock,
 )
+from hippo_gpu.tables import FactTable, PassageTriples, StringTable
 
 __all__ = ["Index", "IndexFormatError", "__version__", "load_index"]
 

@@ -10,7 +10,7 @@ Layout of an index directory DIR:
 
 Loading is lazy: safetensors files are memory-mapped (copy-on-write, so a tensor is writable
 in the reader's process without touching the file) and a `.strings` file (int64 n, int64
-offsets[n + 1], UTF-8 blob: data.StringTable) is memory-mapped and decoded row by row on
+offsets[n + 1], UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on
 access. A 1M-passage index therefore loads in the time of its checksums, and a passage text
 is decoded only when something reads it. Format version 3 (this one) added the string tables
 and the integer fact rows; version 2 directories are refused with the command that rebuilds
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from hippo_gpu.data import StringTable
+from hippo_gpu.tables import StringTable
 
 FORMAT = "hippo-gpu-index"
 FORMAT_VERSION = 3
@@ -153,7 +153,7 @@ def write_version(
     """Commit a new version of the index at `index_dir` (the caller holds the writer lock).
 
     Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
-    per string table (data.StringTable's file) into a new version
+    per string table (tables.StringTable's file) into a new version
     directory, then makes it current by replacing manifest.json (see the module docstring).
     Refuses a non-empty directory that is not an index. Returns the index directory.
     """

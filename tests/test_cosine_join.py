@@ -132,10 +132,10 @@ def phrase_set():
 def test_join_synonym_edges_against_the_exact_walk(phrase_set) -> None:
     from hippo_gpu.synonyms import (
         join_synonym_edges,
-        knn,
         select_synonym_edges,
         synonym_candidates_k,
     )
+    from hippo_gpu.vector_search import knn
 
     phrases, x = phrase_set
     cfg = GraphConfig()

@@ -6,7 +6,7 @@ The reference rebuilds everything from the raw OpenIE triples (normalisation, ph
 graph_plus counts, v1's synonym walk, build_graph's self-loop drop, docs_to_facts,
 facts_to_phrases, node specificity, min-max). It shares with the package only the inputs no
 reference can recompute bit for bit: the phrase embeddings, the kNN cosine scores
-(hippo_gpu.synonyms.knn, whose float32 scores the synonym weights are) and the query encoder.
+(hippo_gpu.vector_search.knn, whose float32 scores the synonym weights are) and the query encoder.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import as_passages, read_openie
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.sample import paths
-from hippo_gpu.synonyms import knn
+from hippo_gpu.vector_search import knn
 from tests.reference import dense_adjacency, dense_ppr
 
 CFG64 = RetrievalConfig(dtype="float64", ppr_tol=1e-13)

@@ -14,17 +14,17 @@ import torch
 
 from hippo_gpu import Searcher, build_index, load_index
 from hippo_gpu.config import EncoderConfig, GraphConfig
-from hippo_gpu.data import StringTable
 from hippo_gpu.embed import Encoder, HashEncoder, hash_encoder_dim, save_precomputed
 from hippo_gpu.graph import extract_elements, fact_text
 from hippo_gpu.store import IndexFormatError
 from hippo_gpu.synonyms import (
     approximate_synonym_edges,
-    knn,
     select_synonym_edges,
     synonym_candidates_k,
 )
 from hippo_gpu.synthetic import synthetic_corpus
+from hippo_gpu.tables import StringTable
+from hippo_gpu.vector_search import knn
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hippo_gpu.synonyms import knn
+from hippo_gpu.vector_search import knn
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_torch_backend_on_cuda_matches_cpu(vectors):
 
 
 def test_knn_recall_reports_approximate_quality(vectors):
-    from hippo_gpu.synonyms import knn_recall
+    from hippo_gpu.vector_search import knn_recall
 
     _, exact = knn(vectors, 10, backend="faiss-flat")
     assert knn_recall(vectors, exact, sample=200) == pytest.approx(1.0)
@@ -71,7 +71,7 @@ def test_knn_recall_reports_approximate_quality(vectors):
 
 def test_auto_backend_is_exact_below_the_threshold_and_approximate_above():
     pytest.importorskip("faiss")
-    from hippo_gpu.synonyms import EXACT_BELOW, resolve_knn_backend
+    from hippo_gpu.vector_search import EXACT_BELOW, resolve_knn_backend
 
     cpu = torch.device("cpu")
     assert resolve_knn_backend("auto", cpu, 16_235) == "faiss-flat"  # musique_train: exact
@@ -81,7 +81,7 @@ def test_auto_backend_is_exact_below_the_threshold_and_approximate_above():
 
 
 def test_column_chunked_exact_topk_matches_the_reference(vectors):
-    from hippo_gpu.synonyms import exact_topk
+    from hippo_gpu.vector_search import exact_topk
 
     rows = np.array([0, 5, 999, 123])
     ref_s, ref_i = _reference(vectors, 9)
