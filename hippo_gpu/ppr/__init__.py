@@ -1,0 +1,42 @@
+"""Batched personalized PageRank: Q queries per solve, certified per column, on CPU or CUDA.
+
+- ``iteration``: the equations (igraph semantics, the leaky form, bound (3)), the power and
+  Chebyshev iterations with their certified stops, the round-off floor.
+- ``closed_form``: the passage rows of the PPR operator, solved once per index.
+- ``ordering``: reverse Cuthill–McKee order for the CPU kernel's gathers.
+- ``solver``: :class:`PPRSolver`, built once per graph, and :func:`personalized_pagerank`.
+"""
+
+from hippo_gpu.ppr.iteration import (
+    ConvergenceError,
+    PPRResult,
+    StepFn,
+    Transition,
+    build_transition,
+    chebyshev_weights,
+    default_tol,
+    ppr_chebyshev,
+    ppr_iterate,
+    stall_steps,
+    torch_step,
+)
+from hippo_gpu.ppr.ordering import rcm_permutation
+from hippo_gpu.ppr.solver import PPRSolution, PPRSolver, personalized_pagerank
+
+__all__ = [
+    "ConvergenceError",
+    "PPRResult",
+    "PPRSolution",
+    "PPRSolver",
+    "StepFn",
+    "Transition",
+    "build_transition",
+    "chebyshev_weights",
+    "default_tol",
+    "personalized_pagerank",
+    "ppr_chebyshev",
+    "ppr_iterate",
+    "rcm_permutation",
+    "stall_steps",
+    "torch_step",
+]
