@@ -152,7 +152,7 @@ class RetrievalConfig:
         and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
         added; the PPR ranking, the dense ranking and (with hybrid_entity_weight > 0) a
         HippoRAG 1 entity ranking are fused by weighted reciprocal rank (see
-        hippo_gpu.search._hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
+        hippo_gpu.hybrid.hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
         even-numbered half of musique_train's questions (benchmarks/tune_hybrid.py).
     chunk_bytes: working-memory budget of one retrieval chunk, in bytes (default 1.75 GiB). The
         query path never holds a [Q, F] query-fact or a [Q, P] / [N, Q] query-passage/node

@@ -48,3 +48,10 @@ def precision_dtype(precision: str) -> torch.dtype:
     except KeyError:
         raise ValueError(f"unknown precision {precision!r}; use one of {tuple(PRECISIONS)}") \
             from None
+
+
+def ppr_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a PPR precision name (RetrievalConfig.dtype: "float32" | "float64")."""
+    if name not in ("float32", "float64"):
+        raise ValueError(f"PPR dtype must be 'float32' or 'float64', got {name!r}")
+    return torch.float64 if name == "float64" else torch.float32

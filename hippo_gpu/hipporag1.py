@@ -102,9 +102,11 @@ from torch import Tensor
 from hippo_gpu.blockwise import nearest_rows
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import OpenIEDoc
+from hippo_gpu.device import ppr_dtype
 from hippo_gpu.graph import normalize_text
 from hippo_gpu.index import Index
 from hippo_gpu.ppr import PPRSolution, PPRSolver
+from hippo_gpu.ranking import minmax_rows
 from hippo_gpu.synonyms import (
     SynonymEdges,
 )
@@ -347,7 +349,7 @@ def build_v1_graph(index: Index, *,
 
 def make_solver(graph: V1Graph, cfg: RetrievalConfig) -> PPRSolver:
     """The PPR solver of W for `cfg` (damping, dtype, tolerance, method), all M rows out."""
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    dtype = ppr_dtype(cfg.dtype)
     return PPRSolver(graph.adjacency, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
                      method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
 
@@ -368,14 +370,6 @@ def link_entities(entity_emb: Tensor, phrase_emb: Tensor,
     (hippo_gpu.blockwise.nearest_rows; the same rows for any blocking).
     """
     return nearest_rows(entity_emb, phrase_emb, block_rows)
-
-
-def _minmax_rows(x: Tensor) -> Tensor:
-    """Row-wise (x - min) / (max - min); a zero-range row becomes all ones (v1: NaN)."""
-    lo = x.min(dim=1, keepdim=True).values
-    rng = x.max(dim=1, keepdim=True).values - lo
-    return torch.where(rng > 0, (x - lo) / torch.where(rng > 0, rng, torch.ones_like(rng)),
-                       torch.ones_like(x))
 
 
 def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner: Tensor,
@@ -415,5 +409,5 @@ def passage_scores(graph: V1Graph, solver: PPRSolver, phrase_rows: Tensor, owner
     # a query's scores would depend on its chunk; column by column they do not
     incidence = graph.passage_phrase.to(dtype)
     doc = torch.stack([incidence @ x[:, j] for j in range(x.shape[1])])
-    scores[cols] = _minmax_rows(doc)
+    scores[cols] = minmax_rows(doc)  # a zero-range row becomes all ones (v1: NaN)
     return scores, has, solution

@@ -1,7 +1,10 @@
 """Searcher: batched retrieval over one Index, queries -> ranked passages.
 
 A `Searcher` owns the query-time state of one index on one device: the query encoder, the PPR
-solvers and the lookup tables they need. The index itself stays plain data.
+solvers and the lookup tables they need. The index itself stays plain data. What it runs is in
+the modules below it: the ranking primitives (hippo_gpu.ranking), the chunk plan, fact top-k and
+reset vectors (hippo_gpu.seeds), the hybrid fusion and entity ranking (hippo_gpu.hybrid),
+legacy HippoRAG 1 (hippo_gpu.hipporag1) and the PPR solvers (hippo_gpu.ppr).
 
 All per-query work is batched tensor work: one encoder call per instruction type, one GEMM for
 queries x facts and one for queries x passages, `torch.topk` for candidate facts, scatter-adds for
@@ -20,9 +23,9 @@ An index that fits the budget runs as one chunk.
 Modes:
     hipporag2  official HippoRAG 2 (main@c617143) retrieval, step by step (parity mode)
     dense      DPR with the index's encoder
-    hybrid     our improvement (see `rank`): phrase seeds as hipporag2 but normalised, a sharp
-               softmax passage prior instead of 0.05 x min-max, then reciprocal-rank fusion of
-               the PPR and dense rankings
+    hybrid     our improvement (hippo_gpu.hybrid): phrase seeds as hipporag2 but normalised, a
+               sharp softmax passage prior instead of 0.05 x min-max, then reciprocal-rank
+               fusion of the PPR, dense and entity rankings
     hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
                phrase graph -> passage scores (needs query entities)
 """
@@ -39,29 +42,20 @@ import torch
 from torch import Tensor
 
 from hippo_gpu import hipporag1
-from hippo_gpu.blockwise import block_rows, nearest_rows, scores_against, spans
+from hippo_gpu.blockwise import scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.data import Triple
+from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
+from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
+from hippo_gpu.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
 from hippo_gpu.store import IndexFormatError
 
-__all__ = [
-    "ChunkPlan",
-    "FactFilter",
-    "FilterResult",
-    "Hit",
-    "Ranking",
-    "Searcher",
-    "fact_topk",
-    "minmax_rows",
-    "plan_chunks",
-    "ranks_of",
-    "reset_vectors",
-    "topk_stable",
-]
+__all__ = ["FactFilter", "FilterResult", "Hit", "QueryFailure", "Ranking", "Searcher"]
 
 
 @dataclass(frozen=True)
@@ -141,239 +135,6 @@ class QueryFailure(ConvergenceError):
         self.seeds = seeds
 
 
-def minmax_rows(x: Tensor) -> Tensor:
-    """Row-wise (x - min) / (max - min); a row with zero range becomes all ones (as upstream)."""
-    return _scale_rows(x, x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values)
-
-
-def _scale_rows(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
-    """(x - lo) / (hi - lo) per row with given [Q, 1] bounds (minmax_rows' float operations)."""
-    rng = hi - lo
-    scaled = (x - lo) / torch.where(rng > 0, rng, torch.ones_like(rng))
-    return torch.where(rng > 0, scaled, torch.ones_like(x))
-
-
-def topk_stable(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k per row, descending, ties broken by the lower column index, on every device.
-
-    `torch.topk` leaves open which of several equal values at the k-th place it selects, so it
-    is used only to find the k-th largest value v; the selection is then exact: every entry
-    > v, plus the lowest-indexed entries == v until k are taken. The k selected are sorted by
-    (value desc, index asc). The result does not depend on the device, the batch or the run.
-    Rows must hold no NaN.
-    """
-    q, n = scores.shape
-    k = min(k, n)
-    if k == 0 or q == 0:
-        empty = scores.new_zeros((q, 0))
-        return empty, empty.long()
-    kth = torch.topk(scores, k, dim=1).values[:, -1:]  # [Q, 1] the k-th largest value
-    above = scores > kth
-    tied = scores == kth
-    need = k - above.sum(dim=1, keepdim=True)  # how many of the tied entries to take
-    take = above | (tied & (torch.cumsum(tied, dim=1) <= need))  # exactly k per row
-    idx = take.nonzero()[:, 1].reshape(q, k)  # row-major: ascending column index per row
-    vals = scores.gather(1, idx)
-    by_val = torch.sort(vals, dim=1, descending=True, stable=True)
-    return by_val.values, idx.gather(1, by_val.indices)
-
-
-def ranks_of(scores: Tensor) -> Tensor:
-    """[Q, P] -> int64 0-based rank of each entry in its row (descending; ties by lower index).
-
-    Integer ranks are exact for any P (a float32 rank would be exact only below 2^24).
-    """
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
-    return ranks
-
-
-# Working-set bytes per element, as the code below allocates them (estimates; the budget is
-# approximate by design, benchmarks/bench_query_memory.py measures the real peak).
-FACT_BYTES = 48  # per (query, fact) of a fact block: raw and normalised scores, top-k masks
-PASSAGE_BYTES = 32  # per (query, passage) of a chunk: cosine, min-max, fusion ranks (24 measured)
-NODE_VECTORS = 5  # [N] vectors per query column: seeds, their permuted copy, the kernel's three
-LANES = 8  # query columns are taken in multiples of this where the budget allows: the CPU
-# kernel solves 8 float32 (4 float64) columns per SIMD pass, so a 2-column chunk costs the same
-# sweep as an 8-column one
-LINK_BYTES = 8  # per (entity, phrase) of a linking block
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """How one batch is cut to fit `RetrievalConfig.chunk_bytes` (see `plan_chunks`)."""
-
-    query_cols: int  # queries per chunk of passage scores, seeds, PPR, fusion and top-k
-    fact_rows: int  # fact-embedding rows per block of the fact top-k
-    phrase_rows: int  # phrase-embedding rows per block of entity linking
-
-
-def plan_chunks(index: Index, num_queries: int, cfg: RetrievalConfig,
-                num_entities: int = 0) -> ChunkPlan:
-    """Chunk sizes for a batch of `num_queries` queries (and entities) within cfg.chunk_bytes.
-
-    A query column costs about NODE_VECTORS x itemsize x N (seeds and PPR state) plus
-    PASSAGE_BYTES x P (scores, ranks) bytes, so c = budget / that (at least 1, at most Q); a
-    fact row costs FACT_BYTES x Q, a phrase row LINK_BYTES x E (blockwise.block_rows: all rows
-    when they fit, else aligned blocks). Everything fits at once on small indexes: one chunk.
-    """
-    budget = cfg.chunk_bytes
-    itemsize = 8 if cfg.dtype == "float64" else 4
-    per_col = NODE_VECTORS * itemsize * index.num_nodes + PASSAGE_BYTES * len(index.passage_keys)
-    cols = max(1, min(num_queries, budget // max(per_col, 1)))
-    if LANES <= cols < num_queries:
-        cols -= cols % LANES
-    return ChunkPlan(
-        query_cols=cols,
-        fact_rows=block_rows(len(index.facts), FACT_BYTES * max(num_queries, 1), budget),
-        phrase_rows=block_rows(len(index.phrases), LINK_BYTES * max(num_entities, 1), budget),
-    )
-
-
-def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
-              rows_per_block: int | None = None) -> tuple[Tensor, Tensor]:
-    """The k best facts per query by min-max normalised cosine, ties by the lower fact row.
-
-    s[q, f] = minmax_f(e_q · v_f) over all F facts; returns ([Q, K] float32 scores s, [Q, K]
-    int64 fact rows), exactly `topk_stable(minmax_rows(E Vᵀ), k)`. With rows_per_block < F it
-    never holds more than [Q, rows_per_block] scores: a first pass over the fact blocks takes
-    each query's min and max, a second scales each block with them (minmax_rows' own float
-    operations, so the same values) and merges its top-k into a running top-k. The merge keeps
-    the tie order: the running top-k comes first in the concatenation, holds only lower rows
-    than the block and is sorted by (score desc, row asc), so topk_stable's "lower column among
-    ties" is the lower row. Costs one more pass of the fact GEMM than one block does.
-
-    Args:
-        query_emb: [Q, D] L2-normalised query vectors.
-        fact_emb: [F, D] fact vectors (F >= 1; the index's dtype: scores are in it until
-            normalised, as in the one-block path).
-    """
-    f = fact_emb.shape[0]
-    size = f if rows_per_block is None else max(1, min(rows_per_block, f))
-    if size >= f:
-        return topk_stable(minmax_rows(scores_against(query_emb, fact_emb)).float(), k)
-    (a0, b0), *rest = spans(f, size)
-    raw = scores_against(query_emb, fact_emb[a0:b0])  # [Q, rows] in the index dtype
-    lo = raw.min(dim=1, keepdim=True).values
-    hi = raw.max(dim=1, keepdim=True).values
-    for a, b in rest:  # pass 1: per-query min and max over all facts (exact in any order)
-        raw = scores_against(query_emb, fact_emb[a:b])
-        lo = torch.minimum(lo, raw.min(dim=1, keepdim=True).values)
-        hi = torch.maximum(hi, raw.max(dim=1, keepdim=True).values)
-    del raw
-    best_val, best_row = topk_stable(
-        _scale_rows(scores_against(query_emb, fact_emb[a0:b0]), lo, hi).float(), k)
-    for a, b in rest:  # pass 2: scale with the global bounds, merge into the running top-k
-        scaled = _scale_rows(scores_against(query_emb, fact_emb[a:b]), lo, hi).float()
-        val, row = topk_stable(scaled, k)
-        best_val, pos = topk_stable(torch.cat([best_val, val], dim=1), k)
-        best_row = torch.cat([best_row, row + a], dim=1).gather(1, pos)
-    return best_val, best_row
-
-
-def _cat_topk(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Concatenate per-chunk (scores [c, K], rows [c, K]) along the queries."""
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
-def _segment_mean(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:
-    """Mean of `values` per segment id, summed in a fixed order on every device.
-
-    `index_add_` is atomic on CUDA: the order of its float additions, hence the last bits of a
-    sum, varies from run to run, enough to reorder near-ties at a top-k cut. Here each segment's
-    values are laid out in a [S, W] table in their input order (W = the largest segment) and
-    added column by column, so every sum is ((v0 + v1) + v2) + ... whatever the device, the
-    batch or the run (padding adds exact zeros at the end). W is at most 2 x linking_top_k.
-    """
-    order = torch.sort(segment, stable=True).indices  # input order kept within a segment
-    seg_sorted = segment.index_select(0, order)
-    counts = torch.bincount(segment, minlength=n_segments)  # [S]
-    start = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(segment.numel(), device=segment.device) - start.index_select(0, seg_sorted)
-    width = int(counts.max()) if counts.numel() else 0
-    table = values.new_zeros((n_segments, max(width, 1)))
-    table[seg_sorted, pos] = values.index_select(0, order)
-    total = table[:, 0].clone()
-    for j in range(1, width):  # W <= 2 x linking_top_k columns, not a loop over data
-        total += table[:, j]
-    return total / counts.clamp_min(1).to(values.dtype)
-
-
-def _phrase_seeds(
-    index: Index, fact_rows: Tensor, fact_scores: Tensor, kept: Tensor, top_phrases: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Upstream phrase weights, batched.
-
-    For each kept fact f of query q with normalised score s_f and each of its phrases e:
-    w[q, e] = mean over such facts of s_f / |passages containing e|; then only the
-    `top_phrases` largest w per query are kept (ties: lower phrase row first).
-
-    Args:
-        fact_rows, fact_scores, kept: [Q, L] candidate facts, their min-max scores, kept mask.
-    Returns:
-        (query, phrase, weight) triplets [S] of the seeds kept.
-    """
-    q, n_cand = fact_rows.shape
-    m = len(index.phrases)
-    # [Q, 2L] subject and object phrase rows of each candidate fact
-    ends = index.fact_phrases.index_select(0, fact_rows.reshape(-1)).reshape(q, n_cand * 2)
-    score2 = fact_scores.repeat_interleave(2, dim=1)
-    kept2 = kept.repeat_interleave(2, dim=1)
-    counts = index.phrase_passage_counts.index_select(0, ends.reshape(-1)).reshape(q, n_cand * 2)
-    contrib = score2 / counts.clamp_min(1).to(score2.dtype)
-    qrow = torch.arange(q, device=ends.device).unsqueeze(1).expand(q, n_cand * 2)
-    key = (qrow * m + ends)[kept2]
-    uniq, inv = torch.unique(key, return_inverse=True)  # sorted by (query, phrase)
-    weight = _segment_mean(contrib[kept2], inv, uniq.numel())
-    uq, up = uniq // m, uniq % m
-    # order by (query asc, weight desc, phrase asc): stable sorts, least significant key first
-    o1 = torch.sort(weight, descending=True, stable=True).indices
-    o2 = torch.sort(uq.index_select(0, o1), stable=True).indices
-    order = o1.index_select(0, o2)
-    uq, up, weight = uq[order], up[order], weight[order]
-    first = torch.zeros(q + 1, dtype=torch.int64, device=uq.device)
-    first[1:] = torch.cumsum(torch.bincount(uq, minlength=q), 0)
-    rank = torch.arange(uq.numel(), device=uq.device) - first.index_select(0, uq)
-    sel = rank < top_phrases
-    return uq[sel], up[sel], weight[sel]
-
-
-def reset_vectors(index: Index, cand_rows: Tensor, cand_scores: Tensor, kept: Tensor,
-                  cos: Tensor, cfg: RetrievalConfig, *, hybrid: bool = False,
-                  dtype: torch.dtype = torch.float32) -> Tensor:
-    """The [N, Q] PPR reset vectors: phrase seeds from the kept facts plus a passage part.
-
-    hipporag2 (upstream §3.3.6): r = w_phrase + passage_node_weight * minmax(cos) at passages.
-    hybrid: r = w_phrase / 1ᵀw_phrase + hybrid_passage_node_weight * softmax(T * cos).
-
-    Args:
-        cand_rows, cand_scores, kept: [Q, L] candidate facts, min-max scores, kept mask.
-        cos: [Q, P] query-passage cosine.
-    """
-    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-    sq, sp, sw = _phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
-    seeds = torch.zeros((index.num_nodes, cand_rows.shape[0]), dtype=dtype, device=cos.device)
-    seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
-    if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine
-        seeds /= seeds.sum(dim=0, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-        prior = torch.softmax(cfg.hybrid_temperature * cos.to(dtype), dim=1)
-        seeds[index.passage_nodes] += (cfg.hybrid_passage_node_weight * prior).T
-    else:
-        seeds[index.passage_nodes] += (cfg.passage_node_weight * minmax_rows(cos.to(dtype))).T
-    return seeds
-
-
-def _leading_block(adj: Tensor, m: int) -> Tensor:
-    """adj[:m, :m] of a sparse CSR matrix (the phrase-only graph: phrase rows come first)."""
-    coo = adj.to_sparse_coo().coalesce()
-    r, c = coo.indices()
-    keep = (r < m) & (c < m)
-    sub = torch.sparse_coo_tensor(torch.stack([r[keep], c[keep]]), coo.values()[keep], (m, m),
-                                  check_invariants=False)
-    return sub.coalesce().to_sparse_csr()
-
-
 def _check_queries(queries: Sequence[str]) -> list[str]:
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings, not one string")
@@ -403,15 +164,18 @@ def _check_entities(queries: list[str], query_entities: Sequence[Sequence[str]])
 
 
 class _Clock:
-    """Stage timer (synchronises CUDA so each stage is charged its own work)."""
+    """Stage timer. With ``sync`` (Searcher.profile) it synchronises CUDA at each lap so each
+    stage is charged its own work; without, a served GPU query pays no syncs and the laps only
+    split the host time (the total is still right)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, sync: bool = False) -> None:
+        self.sync = sync and device.type == "cuda"
         self.device = device
         self.seconds: dict[str, float] = {}
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
-        if self.device.type == "cuda":
+        if self.sync:
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
@@ -437,13 +201,17 @@ class Searcher:
             else torch), "torch" or "onnx". See hippo_gpu.embed.Encoder.
         encoder: an already loaded query encoder of the index's model to reuse.
         cache_dir: embedding cache for the encoder (queries are not cached; entity texts are).
+        profile: synchronise CUDA between stages so `Ranking.stage_seconds` charges each stage
+            its own device work (benchmarks, eval); off by default, so a served GPU query pays
+            no syncs.
     """
 
     def __init__(self, index: Index, config: RetrievalConfig | None = None, *,
                  query_precision: str | None = None, query_batch_size: int | None = None,
                  query_backend: str = "auto", encoder: Encoder | None = None,
-                 cache_dir: str | Path | None = None) -> None:
+                 cache_dir: str | Path | None = None, profile: bool = False) -> None:
         self.index = index
+        self.profile = profile
         self.config = config or RetrievalConfig()
         enc = self.index.config.encoder
         self.encoder_config = replace(
@@ -519,14 +287,14 @@ class Searcher:
     def _solver(self, cfg: RetrievalConfig, *, phrase_graph: bool = False) -> PPRSolver:
         """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
         index = self.index
-        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+        dtype = ppr_dtype(cfg.dtype)
         key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method,
                cfg.ppr_max_iter)
         solver = self._solvers.get(key)
         if solver is None:
             if phrase_graph:
                 m = len(index.phrases)
-                adj = _leading_block(index.adjacency, m)
+                adj = leading_block(index.adjacency, m)
                 solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
                                    method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
             else:
@@ -634,46 +402,58 @@ class Searcher:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         q = len(queries)
-        p = len(index.passage_keys)
-        dev = index.device
-        if q == 0 or p == 0:
-            empty = torch.zeros((q, 0), dtype=torch.int64, device=dev)
+        if q == 0 or len(index.passage_keys) == 0:
+            empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
-        clock = _Clock(dev)
-
+        clock = _Clock(index.device, sync=self.profile)
         if mode == "hipporag1":
             return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock)
-
         e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
         clock.lap("encode")
-        plan = plan_chunks(index, q, cfg)
-        chunks = spans(q, plan.query_cols)
+        if mode == "dense" or len(index.facts) == 0:  # no facts: upstream answers dense
+            return self._rank_dense(e_pass, top_k, cfg, clock)
+        return self._rank_graph(queries, e_pass, e_fact, top_k, mode == "hybrid", cfg, clock,
+                                fact_filter, query_entities)
 
-        f = len(index.facts)
-        if mode == "dense" or f == 0:  # no facts at all: upstream answers with the dense ranking
-            parts = []
-            for a, b in chunks:
-                dense = minmax_rows(self._passage_cos(e_pass[a:b]))  # [c, P]
-                clock.lap("dense")
-                parts.append(topk_stable(dense, top_k))
-                clock.lap("rank")
-            scores, rows = _cat_topk(parts)
-            return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
+    def _rank_dense(self, e_pass: Tensor, top_k: int, cfg: RetrievalConfig,
+                    clock: _Clock) -> Ranking:
+        """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
+        q = e_pass.shape[0]
+        parts = []
+        for a, b in spans(q, plan_chunks(self.index, q, cfg).query_cols):
+            dense = minmax_rows(self._passage_cos(e_pass[a:b]))  # [c, P]
+            clock.lap("dense")
+            parts.append(topk_stable(dense, top_k))
+            clock.lap("rank")
+        scores, rows = cat_topk(parts)
+        return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
 
-        hybrid = mode == "hybrid"
-        link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-        # [Q, L] best facts by min-max normalised query-fact cosine, fact blocks within budget
-        cand_scores, cand_rows = fact_topk(e_fact, index.fact_emb, link_k, plan.fact_rows)
+    def _candidate_facts(self, queries: list[str], e_fact: Tensor, link_k: int,
+                         cfg: RetrievalConfig, clock: _Clock, fact_filter: FactFilter | None
+                         ) -> tuple[Tensor, Tensor, Tensor, FilterResult | None]:
+        """([Q, L] best facts' min-max scaled cosine, their rows, which are kept, the filter's
+        outcome): fact blocks within the budget, then the optional recognition filter."""
+        plan = plan_chunks(self.index, len(queries), cfg)
+        cand_scores, cand_rows = fact_topk(e_fact, self.index.fact_emb, link_k, plan.fact_rows)
         clock.lap("facts")
-
         kept = torch.ones_like(cand_rows, dtype=torch.bool)
         outcome = None
         if fact_filter is not None:
             outcome = self._apply_filter(queries, cand_rows, fact_filter)
-            kept = _kept_mask(outcome, cand_rows.shape, link_k).to(dev)
+            kept = _kept_mask(outcome, cand_rows.shape, link_k).to(self.index.device)
             clock.lap("filter")
-        fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
+        return cand_scores, cand_rows, kept, outcome
 
+    def _rank_graph(self, queries: list[str], e_pass: Tensor, e_fact: Tensor, top_k: int,
+                    hybrid: bool, cfg: RetrievalConfig, clock: _Clock,
+                    fact_filter: FactFilter | None,
+                    query_entities: Sequence[Sequence[str]] | None) -> Ranking:
+        """hipporag2 / hybrid: kept facts -> reset vectors -> PPR (-> fusion), per chunk."""
+        index, q = self.index, len(queries)
+        link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
+        cand_scores, cand_rows, kept, outcome = self._candidate_facts(
+            queries, e_fact, link_k, cfg, clock, fact_filter)
+        fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
         linked = None  # hybrid: every entity of the batch linked once, ranked per chunk below
         if hybrid and cfg.hybrid_entity_weight > 0:
             if query_entities is None:
@@ -681,71 +461,51 @@ class Searcher:
             _check_entities(queries, query_entities)
             linked = self._link_entities(query_entities, cfg)
             clock.lap("entities")
-
-        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        parts = []
         report = Ranking(cand_rows, cand_scores, {}, fallback)  # collects the PPR certificates
         query_rows = torch.arange(q)
-        for a, b in chunks:  # query columns a..b-1: [c, P] scores, [N, c] seeds
+        parts = []
+        for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
             cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
             clock.lap("dense")
             seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos, cfg,
-                                  hybrid=hybrid, dtype=dtype)  # [N, c]
+                                  hybrid=hybrid, dtype=ppr_dtype(cfg.dtype))  # [N, c]
             seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; PPR discarded
             clock.lap("seeds")
             solution = self._solver(cfg).solve(seeds)
             del seeds
             report.record(solution, query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1))
-            ppr = solution.scores.T  # [c, P] raw PPR probabilities at passage nodes
             clock.lap("ppr")
+            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report)
             if hybrid:
-                entity = None
-                if linked is not None:
-                    doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
-                    entity = (doc, has_ent)
-                    if phrase_solution is not None:
-                        report.record(phrase_solution,
-                                      query_rows[a:b].masked_fill(~has_ent.cpu(), -1))
-                final = self._hybrid_fusion(ppr.float(), cos, cfg, entity)
                 clock.lap("entities")
-            else:
-                final = ppr.float() if dtype == torch.float32 else ppr
-            del ppr
-            dense = minmax_rows(cos).to(final.dtype)
-            final = torch.where(fallback[a:b].unsqueeze(1), dense, final)
+            final = torch.where(fallback[a:b].unsqueeze(1), minmax_rows(cos).to(final.dtype),
+                                final)
             parts.append(topk_stable(final, top_k))
             clock.lap("rank")
-        scores, rows = _cat_topk(parts)
+        scores, rows = cat_topk(parts)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome,
                        report.ppr_bound, report.ppr_refined, report.failed)
 
+    def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
+                      linked: tuple[Tensor, Tensor] | None, a: int, b: int,
+                      cfg: RetrievalConfig, report: Ranking) -> Tensor:
+        """[c, P] final scores of query columns a..b-1 from their PPR at the passage nodes:
+        the raw PPR (hipporag2), or its fusion with the dense and entity rankings (hybrid)."""
+        if not hybrid:
+            return ppr.float() if ppr.dtype == torch.float32 else ppr
+        entity = None
+        if linked is not None:
+            doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
+            entity = (doc, has_ent)
+            if phrase_solution is not None:
+                report.record(phrase_solution,
+                              torch.arange(a, b).masked_fill(~has_ent.cpu(), -1))
+        return hybrid_fusion(ppr.float(), cos, cfg, entity)
+
     def _passage_cos(self, query_emb: Tensor) -> Tensor:
         """[c, D] query vectors -> [c, P] float32 query-passage cosine (blockwise GEMM)."""
         return scores_against(query_emb, self.index.passage_emb).float()
-
-    def _hybrid_fusion(self, ppr: Tensor, cos: Tensor, cfg: RetrievalConfig,
-                       entity: tuple[Tensor, Tensor] | None) -> Tensor:
-        """Weighted reciprocal-rank fusion of three rankings of the passages ([c, P] each):
-
-            score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
-                    + e / (k + rank_entity)
-
-        with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
-        entity ranking is HippoRAG 1's (`entity_scores`; `entity` = its (scores, has_entities)
-        for these queries, None when e = 0); passages it scores 0 rank last, and a query with
-        no entity uses its dense ranking there.
-        """
-        w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
-        # float64 fusion of exact integer ranks: no rounding collapses two ranks for any P
-        rank_dense = ranks_of(cos).double()
-        final = (1 - e) * w / (k + ranks_of(ppr).double()) + (1 - e) * (1 - w) / (k + rank_dense)
-        if e > 0 and entity is not None:
-            doc, has_ent = entity
-            rank_ent = ranks_of(doc).masked_fill(doc <= 0, doc.shape[1]).double()
-            rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
-            final = final + e / (k + rank_ent)
-        return final
 
     def _apply_filter(self, queries: list[str], cand_rows: Tensor,
                       fact_filter: FactFilter) -> FilterResult:
@@ -787,65 +547,24 @@ class Searcher:
 
     def _link_entities(self, query_entities: Sequence[Sequence[str]],
                        cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
-        """(phrase row [E], query row [E]) of every entity of a batch (see `entity_scores`)."""
-        index = self.index
-        dev = index.device
-        owner = [qi for qi, ents in enumerate(query_entities) for _ in ents]
-        flat = [e for ents in query_entities for e in ents]
-        if not flat or len(index.phrases) == 0:
-            empty = torch.zeros(0, dtype=torch.int64, device=dev)
-            return empty, empty
-        # Linking: with an encoder verified uncased, an entity whose lower-cased text is a phrase
-        # links to it without encoding (its vector is the phrase's: exactly the cosine argmax);
-        # every other entity goes to the nearest phrase by cosine, in blocks of phrase rows.
-        row_of = index.row_of_phrase if self.encoder_is_uncased else {}
-        exact = [row_of.get(e.lower(), -1) for e in flat]
-        todo = [i for i, r in enumerate(exact) if r < 0]
-        nearest = torch.tensor(exact, dtype=torch.int64, device=dev)  # [E] phrase rows
-        if todo:
-            e_ent = self.encoder.encode([flat[i] for i in todo])
-            rows = plan_chunks(index, 0, cfg, num_entities=len(todo)).phrase_rows
-            nearest[torch.tensor(todo, device=dev)] = nearest_rows(e_ent, index.phrase_emb, rows)
-        return nearest, torch.tensor(owner, dtype=torch.int64, device=dev)
+        """(phrase row [E], query row [E]) of every entity of a batch (hybrid.link_entities)."""
+        uncased = any(query_entities) and len(self.index.phrases) > 0 and \
+            self.encoder_is_uncased  # probes the encoder only when there is something to link
+        return link_entities(self.index, query_entities, cfg,
+                             lambda texts: self.encoder.encode(texts), uncased)
 
     def _entity_doc(self, nearest: Tensor, owner: Tensor, start: int, stop: int,
                     cfg: RetrievalConfig) -> tuple[Tensor, Tensor, PPRSolution | None]:
-        """`entity_scores` of queries start..stop-1 from the linked entities of the batch.
-
-        Returns ([c, P] float32 scores, [c] has_entities, the phrase-graph PPR solution of the
-        c columns, where those of queries without entities are placeholders; None when no
-        query has one), c = stop - start.
-        """
-        index = self.index
-        dev = index.device
-        q, m, p = stop - start, len(index.phrases), len(index.passage_keys)
-        mine = (owner >= start) & (owner < stop)
-        nearest, own = nearest[mine], owner[mine] - start
-        has_ent = torch.zeros(q, dtype=torch.bool, device=dev)
-        if nearest.numel() == 0 or m == 0:
-            return torch.zeros((q, p), device=dev), has_ent, None
-        weight = 1.0 / index.phrase_passage_counts.index_select(0, nearest).clamp_min(1).double()
-        dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        seeds = torch.zeros((m, q), dtype=dtype, device=dev)  # [M, c]
-        seeds.index_put_((nearest, own), weight.to(dtype))  # assignment, as upstream
-        has_ent[own] = True
-        seeds[:, ~has_ent] = 1.0  # placeholder for queries without entities; zeroed below
-        solution = self._solver(cfg, phrase_graph=True).solve(seeds)
-        del seeds
-        ppr = solution.scores  # [M, c]
-        doc = minmax_rows((self._incidence(ppr.dtype) @ ppr).T.float())  # [c, P]
-        return doc * has_ent.unsqueeze(1), has_ent, solution
+        """hybrid.entity_doc with this searcher's phrase-graph solver and incidence."""
+        solver = self._solver(cfg, phrase_graph=True)
+        return entity_doc(self.index, solver, self._incidence(solver.dtype), nearest, owner,
+                          start, stop, cfg)
 
     def _incidence(self, dtype: torch.dtype) -> Tensor:
         """[P, M] binary passage-phrase incidence as sparse CSR (built once per dtype)."""
         inc = self._incidences.get(dtype)
         if inc is None:
-            index = self.index
-            inc = torch.sparse_coo_tensor(
-                torch.stack([index.incidence_passage, index.incidence_phrase]),
-                torch.ones(index.incidence_phrase.numel(), dtype=dtype, device=index.device),
-                (len(index.passage_keys), len(index.phrases)), check_invariants=False,
-            ).to_sparse_csr()
+            inc = passage_phrase_incidence(self.index, dtype)
             self._incidences[dtype] = inc
         return inc
 
@@ -890,7 +609,7 @@ class Searcher:
             clock.lap("ppr")
             parts.append(topk_stable(scores, top_k))
             clock.lap("rank")
-        top_scores, top_rows = _cat_topk(parts)
+        top_scores, top_rows = cat_topk(parts)
         return Ranking(top_rows, top_scores, clock.seconds, no_fallback,
                        ppr_bound=report.ppr_bound, ppr_refined=report.ppr_refined,
                        failed=report.failed)

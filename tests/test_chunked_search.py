@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hippo_gpu import blockwise, search
+from hippo_gpu import blockwise, seeds
 from hippo_gpu.blockwise import block_rows, nearest_rows, scores_against, spans
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.ppr import PPRSolver
-from hippo_gpu.search import Searcher, fact_topk, minmax_rows, plan_chunks, topk_stable
+from hippo_gpu.ranking import minmax_rows, topk_stable
+from hippo_gpu.search import Searcher
+from hippo_gpu.seeds import fact_topk, plan_chunks
 from tests.test_search import QUERIES
 
 ONE_CHUNK = 1 << 40  # bytes: everything fits, the unchunked path
@@ -235,8 +237,8 @@ def _column_bytes(searcher: Searcher, dtype: str) -> int:
     """The budget plan_chunks charges one query column (so k x it gives k columns)."""
     itemsize = 8 if dtype == "float64" else 4
     idx = searcher.index
-    return (search.NODE_VECTORS * itemsize * idx.num_nodes
-            + search.PASSAGE_BYTES * len(idx.passage_keys))
+    return (seeds.NODE_VECTORS * itemsize * idx.num_nodes
+            + seeds.PASSAGE_BYTES * len(idx.passage_keys))
 
 
 def test_sample_retrieve_hits_are_identical(sample_searcher) -> None:

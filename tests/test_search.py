@@ -7,7 +7,8 @@ import torch
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.llm.filter import FilterOutcome
-from hippo_gpu.search import Searcher, minmax_rows, topk_stable
+from hippo_gpu.ranking import minmax_rows, topk_stable
+from hippo_gpu.search import Searcher
 from tests.reference import dense_ppr
 
 QUERIES = [

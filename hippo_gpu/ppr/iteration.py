@@ -457,17 +457,9 @@ def _solve(
             residual, mass = measured
             err = factor * residual  # bounds ‖g − y*‖₁ per open column
             now = torch.where(mass > 0, 2.0 * err / mass, math.inf)
-            ok = now <= tol
-            if top_k:
-                ok |= _topk_certified(g, target_rows, top_k, err)
-            halving = now <= 0.5 * halved
-            halved = torch.where(halving, now, halved)
-            halved_at = torch.where(halving, k, halved_at)
-            stall = ~ok & (k - halved_at >= patience)  # at the round-off floor (docstring)
-            if exact is not None and bool(ok.any()):  # float32 certificates, in float64
-                held = _verify64(exact, base, y, g, ok, now, tol, top_k, target_rows)
-                stall |= ok & ~held
-                ok &= held
+            ok, stall, halved, halved_at = _classify(
+                k, now, err, base, y, g, halved, halved_at, tol=tol, top_k=top_k,
+                target_rows=target_rows, patience=patience, exact=exact)
             finish = ok | stall | (k == max_iter)
             if bool(finish.any()):
                 idx = torch.nonzero(finish).flatten()
@@ -493,6 +485,27 @@ def _solve(
         else:
             y, y_prev = y_prev, y
     return PPRResult(scores, iterations, bound, met, stalled)
+
+
+def _classify(k: int, now: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tensor,
+              halved: Tensor, halved_at: Tensor, *, tol: float, top_k: int,
+              target_rows: Tensor | None, patience: int,
+              exact: Transition | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(certified, stalled, halved, halved_at) of the open columns at a checked step k: the
+    bound or the top-k certificate, the halving record of the stall rule, and (``exact``) the
+    float64 re-check of every float32 certificate (module docstring, "Round-off floor")."""
+    ok = now <= tol
+    if top_k:
+        ok |= _topk_certified(g, target_rows, top_k, err)
+    halving = now <= 0.5 * halved
+    halved = torch.where(halving, now, halved)
+    halved_at = torch.where(halving, k, halved_at)
+    stall = ~ok & (k - halved_at >= patience)  # at the round-off floor
+    if exact is not None and bool(ok.any()):
+        held = _verify64(exact, base, y, g, ok, now, tol, top_k, target_rows)
+        stall |= ok & ~held
+        ok &= held
+    return ok, stall, halved, halved_at
 
 
 def _verify64(exact: Transition, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor,
