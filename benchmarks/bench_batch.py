@@ -21,7 +21,7 @@ hippo_gpu, and again after load_index + Searcher + one query (the encoder loads 
 the difference is what one more replica (an actor) costs. Each run appends one JSON line to
 benchmarks/results/bench_batch.jsonl (see provenance.py; a dirty tree needs --allow-dirty).
 
-    python benchmarks/bench_batch.py --threads 1 --workers 1,2 --local-threads 1,2
+    python -m benchmarks.bench_batch --threads 1 --workers 1,2 --local-threads 1,2
 """
 
 from __future__ import annotations
@@ -36,12 +36,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result,
+    check_clean,
+    ensure_musique_index,
+    musique_dir,
+    provenance,
+    subprocess_env,
+)
 
-from benchmarks.provenance import add_arguments, append_result, check_clean, provenance  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results" / "bench_batch.jsonl"
+RESULTS_FILE = RESULTS / "bench_batch.jsonl"
 
 _RSS = """
 import json, sys, time
@@ -59,28 +65,6 @@ s.rank(["warm-up"], top_k=1, mode="dense")
 print(json.dumps({"rss_imported_mb": before, "rss_loaded_mb": rss(),
                   "load_s": time.perf_counter() - t0}))
 """
-
-
-def data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir:
-        return Path(args.data_dir)
-    root = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    return root / "musique_train"
-
-
-def index_dir(args: argparse.Namespace, data: Path) -> tuple[Path, float | None]:
-    """The musique index (built once into --index-dir from the cached embeddings)."""
-    import hippo_gpu
-
-    out = Path(args.index_dir)
-    if (out / "manifest.json").exists():
-        return out, None
-    openie = sorted(data.glob("openie*.json"))
-    cache = Path.home() / ".cache" / "hippo_gpu" / "embeddings"
-    print(f"building the index of {data} into {out} ...", flush=True)
-    t0 = time.perf_counter()
-    hippo_gpu.build_index(data / "corpus.json", openie[0], out, device="cpu", cache_dir=cache)
-    return out, time.perf_counter() - t0
 
 
 def write_queries(path: Path, questions: Path, rows: int) -> None:
@@ -103,9 +87,8 @@ def compare(got: list[dict[str, Any]], ref: list[dict[str, Any]]) -> dict[str, A
 
 
 def memory(index: Path, threads: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", _RSS, str(index), str(threads)], env=env,
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run([sys.executable, "-c", _RSS, str(index), str(threads)],
+                         env=subprocess_env(), capture_output=True, text=True, check=True)
     m = json.loads(res.stdout.strip().splitlines()[-1])
     m["replica_mb"] = m["rss_loaded_mb"] - m["rss_imported_mb"]
     return m
@@ -180,8 +163,9 @@ def main() -> None:
 
     import ray
 
-    data = data_dir(args)
-    index, build_s = index_dir(args, data)
+    data = musique_dir(args.data_dir, need=("questions.json",))
+    index = Path(args.index_dir)
+    build_s = ensure_musique_index(data, index)  # from the cached embeddings, once
     mem = memory(index, args.threads)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
@@ -227,8 +211,8 @@ def main() -> None:
                   index=str(index), index_build_s=build_s, memory=mem, results=results,
                   torch_threads_local=[r["threads"] for r in results if r["kind"] == "local"],
                   torch_version=torch.__version__)
-    append_result(RESULTS, record, allow_dirty=args.allow_dirty)
-    print(f"appended to {RESULTS}")
+    append_result(RESULTS_FILE, record, allow_dirty=args.allow_dirty)
+    print(f"appended to {RESULTS_FILE}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Continual indexing on musique_train: insert and delete against a build, in one run.
 
-    python benchmarks/bench_continual.py --threads 2 [--stream 100] [--allow-dirty]
+    python -m benchmarks.bench_continual --threads 2 [--stream 100] [--allow-dirty]
 
 (a) build the index of the first 90 % of corpus.json from an EMPTY embedding cache (a fresh
     temporary cache: a user's first build, every text embedded);
@@ -27,11 +27,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    cpu_model,
+    init_threads,
+    musique_dir,
+    musique_openie,
+    provenance,
+    quantile,
+)
 
 
 def _parse() -> argparse.Namespace:
@@ -50,10 +59,8 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    init_threads(ARGS.threads)
 
 import json  # noqa: E402
 import resource  # noqa: E402
@@ -62,24 +69,8 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-from provenance import (  # noqa: E402
-    DirtyTreeError,
-    append_result,
-    check_clean,
-    cpu_model,
-    provenance,
-)
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"insert": 0.25, "delete": 0.10}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def _stage_table(title: str, stages: dict[str, float], total: float) -> None:
@@ -129,17 +120,12 @@ def _writer_phase(index_dir: Path, device: str, cache_dir: Path | None,
 def main(args: argparse.Namespace) -> None:
     import faiss
 
-    try:  # refuse a dirty tree before minutes of building, not after
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    torch.set_num_threads(args.threads)
+    git = check_clean_or_exit(args.allow_dirty)  # before minutes of building, not after
     faiss.omp_set_num_threads(args.threads)
-    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
-    data = data / "musique_train"
-    if not (data / "corpus.json").exists():
-        raise SystemExit(f"musique_train not found under {data}; set HIPPO_DATA_DIR")
-    results = Path(args.results or ROOT / "benchmarks" / "results" / "bench_continual.jsonl")
+    data = musique_dir(root=args.data_dir,
+                       need=("corpus.json", "questions.json", "openie*.json"))
+    openie = musique_openie(data)
+    results = Path(args.results or RESULTS / "bench_continual.jsonl")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_continual_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"threads {torch.get_num_threads()} (torch), {args.threads} (faiss); "
@@ -157,7 +143,6 @@ def main(args: argparse.Namespace) -> None:
     from hippo_gpu.search import Searcher
 
     corpus = json.loads((data / "corpus.json").read_text(encoding="utf-8"))
-    openie = data / "openie_gpt-3.5-turbo-1106.json"
     cut = int(round((1 - args.holdout) * len(corpus)))
     head, tail = corpus[:cut], corpus[cut:]
     cache = work / "embeddings"  # empty: (a) is a first build
@@ -225,7 +210,7 @@ def main(args: argparse.Namespace) -> None:
             per_insert.append(time.perf_counter() - start)
             stream_stages.append(report.stage_seconds)
     first, rest = per_insert[0], per_insert[1:] or per_insert
-    p50, p99 = _quantile(rest, 0.5), _quantile(rest, 0.99)
+    p50, p99 = quantile(rest, 0.5), quantile(rest, 0.99)
     typical = min(range(len(per_insert)), key=lambda i: (i == 0, abs(per_insert[i] - p50)))
 
     # the table
@@ -302,10 +287,7 @@ def main(args: argparse.Namespace) -> None:
         "stream_typical_stages": stream_stages[typical],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    try:
-        append_result(results, line, allow_dirty=args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    append_result_or_exit(results, line, allow_dirty=args.allow_dirty)
     print(f"\nappended to {results}")
 
 

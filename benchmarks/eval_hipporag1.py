@@ -14,21 +14,30 @@ Rows, all on the same index, entities and questions:
 
 Recall@k = |top-k ∩ gold| / |gold| averaged over questions (hippo_gpu.evaluate). Appends one JSON
 line to benchmarks/results/hipporag1_recall.jsonl (provenance.py fields, plus the entity source,
-recall per row, question counts and the v1 graph's provenance). Exits 1 printing SKIP when the
+recall per row, question counts and the v1 graph's provenance). Exits 2 printing SKIP when the
 musique_train data is missing. A dirty tree needs --allow-dirty.
 
-    python benchmarks/eval_hipporag1.py --threads 2 [--allow-dirty]
+    python -m benchmarks.eval_hipporag1 --threads 2 [--allow-dirty]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import add_arguments  # noqa: E402  (stdlib only: safe before the thread env)
+from benchmarks.common import (
+    EMBEDDING_CACHE,
+    MUSIQUE_OPENIE,
+    RESULTS,
+    DirtyTreeError,
+    add_arguments,
+    append_result,
+    check_clean,
+    init_threads,
+    musique_dir,
+    musique_index,
+    provenance,
+)
 
 KS = (1, 2, 5, 10)
 
@@ -40,29 +49,24 @@ def _parse() -> argparse.Namespace:
                     help="musique_train folder (default $HIPPO_DATA_DIR/musique_train, "
                          "$HIPPO_DATA_DIR default ../shared/data)")
     ap.add_argument("--index-dir", default="/tmp/musique_idx", help="built here if missing")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
-                                         / "hipporag1_recall.jsonl"))
+    ap.add_argument("--out", default=str(RESULTS / "hipporag1_recall.jsonl"))
     add_arguments(ap)
     return ap.parse_args()
 
 
-ARGS = _parse()
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[_var] = str(ARGS.threads)
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    init_threads(ARGS.threads)
 
 import torch  # noqa: E402
-from provenance import DirtyTreeError, append_result, check_clean, provenance  # noqa: E402
 
-from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
+from hippo_gpu import Searcher, build_index  # noqa: E402
 from hippo_gpu import hipporag1 as v1  # noqa: E402
 from hippo_gpu.config import RetrievalConfig  # noqa: E402
 from hippo_gpu.data import as_passages, read_openie, read_questions  # noqa: E402
 from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.evaluate import evaluate_mode, recall_at_k  # noqa: E402
 from hippo_gpu.sample import paths as sample_paths  # noqa: E402
-from hippo_gpu.store import IndexFormatError  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _recall(r: dict[str, float]) -> dict[str, float]:
@@ -85,27 +89,16 @@ def _rank_v1(searcher: Searcher, graph: v1.V1Graph, entities: list[list[str]],
     return base[order].tolist()
 
 
-def main() -> int:
-    data = Path(ARGS.data_dir) if ARGS.data_dir else \
-        Path(os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data")) / "musique_train"
-    openie = data / "openie_gpt-3.5-turbo-1106.json"
-    if not all(f.exists() for f in (data / "corpus.json", data / "questions.json", openie)):
-        print(f"SKIP: musique_train data not found at {data}")
-        return 1
+def main(args: argparse.Namespace) -> int:
+    data = musique_dir(args.data_dir, need=("corpus.json", "questions.json", MUSIQUE_OPENIE))
+    openie = data / MUSIQUE_OPENIE
     try:
-        git = check_clean(ARGS.allow_dirty)
+        git = check_clean(args.allow_dirty)
     except DirtyTreeError as e:
         print(e)
         return 2
-    torch.set_num_threads(ARGS.threads)
-    cache = Path.home() / ".cache" / "hippo_gpu" / "embeddings"
-    idx_dir = Path(ARGS.index_dir)
-    try:
-        index = load_index(idx_dir, device="cpu")
-    except (FileNotFoundError, IndexFormatError) as e:  # missing, or written by another version
-        print(f"building {idx_dir} ({e})")
-        build_index(data / "corpus.json", openie, idx_dir, device="cpu", cache_dir=cache)
-        index = load_index(idx_dir, device="cpu")
+    cache = EMBEDDING_CACHE
+    index = musique_index(data, args.index_dir, cache_dir=cache)
     questions = read_questions(data / "questions.json")
     ents = heuristic_entities([q.question for q in questions])
     gold = [{p.key for p in q.gold} for q in questions]
@@ -153,7 +146,7 @@ def main() -> int:
           f"{n_derived}; musique stage seconds (first call, 100 queries): "
           + ", ".join(f"{k} {v:.2f}" for k, v in res.stage_s.items()))
 
-    record = provenance("hipporag1_recall", threads=ARGS.threads, device="cpu",
+    record = provenance("hipporag1_recall", threads=args.threads, device="cpu",
                         query_precision=searcher.encoder_config.precision,
                         batch_sizes={"query_batch": len(questions)}, git=git)
     record.update({
@@ -168,10 +161,10 @@ def main() -> int:
                      "passage_fact_pairs_derived": n_derived},
         "stage_s_first_call": {k: round(v, 4) for k, v in res.stage_s.items()},
     })
-    out = append_result(ARGS.out, record, allow_dirty=ARGS.allow_dirty)
+    out = append_result(args.out, record, allow_dirty=args.allow_dirty)
     print(f"appended to {out}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__" and ARGS is not None:
+    sys.exit(main(ARGS))

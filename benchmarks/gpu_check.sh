@@ -20,11 +20,11 @@
 #                pytest.mark.cuda or "cuda"), only their CUDA cases (-k cuda); PASS needs at
 #                least one test passed, all selected skipped is a SKIP
 #   env          fails only when python/torch cannot say whether CUDA is there
-#   retrieval    benchmarks/gpu_retrieval_check.py: musique_train, CUDA vs CPU float32 top-10
+#   retrieval    python -m benchmarks.gpu_retrieval_check: musique_train, CUDA vs CPU float32 top-10
 #                identical (same order) for >= 99 % of the questions per mode, float16 reported
-#   ppr          benchmarks/bench_ppr.py on CUDA (command in PPR_CMD below; PASS = it ran)
-#   ppr_kernel   benchmarks/gpu_ppr_kernel_check.py, only if that file exists (SKIP otherwise)
-#   scale        benchmarks/bench_scale.py at SCALE_PASSAGES (default 1,000,000) on CUDA: the
+#   ppr          python -m benchmarks.bench_ppr on CUDA (command in PPR_CMD below; PASS = it ran)
+#   ppr_kernel   python -m benchmarks.gpu_ppr_kernel_check, only if its file exists (else SKIP)
+#   scale        python -m benchmarks.bench_scale at SCALE_PASSAGES (default 1,000,000) on CUDA: the
 #                synthetic corpus built through build_index (hash:64 vectors, synonym kNN by
 #                ivf-join, whose k-means, probes and GEMM blocks run in torch on the GPU, no
 #                faiss needed; held-out recall in the line), then load and retrieval timings
@@ -73,20 +73,21 @@ KERNEL_LIMIT=60
 SCALE_LIMIT=480  # only when GPU_CHECK_STEPS has scale (then alone: 30 s wheels + 30 s env + 480)
 STEPS=" ${GPU_CHECK_STEPS:-cuda_tests retrieval ppr ppr_kernel} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
-SCALE_CMD=(python3 benchmarks/bench_scale.py --passages "${SCALE_PASSAGES:-1000000}"
+SCALE_CMD=(python3 -m benchmarks.bench_scale --passages "${SCALE_PASSAGES:-1000000}"
     --threads "$THREADS" --device cuda --prpack-queries 0 --repeats 2 --allow-dirty
     --timeout 460 --work-dir /tmp/hippo_scale --results "$OUT/bench_scale.jsonl"
     --plot "$OUT/bench_scale.png")
 # ---- the PPR step's command (bench_ppr.py is extended elsewhere: adjust it here only) ----------
-PPR_CMD=(python3 benchmarks/bench_ppr.py --graph synthetic --passages 1000000 --queries 128
+PPR_CMD=(python3 -m benchmarks.bench_ppr --graph synthetic --passages 1000000 --queries 128
     --batch-sizes 1,32,128 --threads "$THREADS" --device cuda --dtypes float32 --methods auto
     --prpack-queries 0 --scipy-queries 0 --bandwidth --repeats 3 --max-seconds 5
     --results "$OUT/bench_ppr.jsonl")
 # -------------------------------------------------------------------------------------------------
-KERNEL_CHECK=benchmarks/gpu_ppr_kernel_check.py
+KERNEL_CHECK=benchmarks/gpu_ppr_kernel_check.py  # run as python3 -m benchmarks.gpu_ppr_kernel_check
+KERNEL_CMD=(python3 -m benchmarks.gpu_ppr_kernel_check)
 TEST_FILES=$(grep -lE 'mark\.cuda|"cuda"' tests/test_*.py 2>/dev/null | tr '\n' ' ')
 TESTS_CMD=(python3 -m pytest -q -p no:cacheprovider -k cuda $TEST_FILES)
-RETRIEVAL_CMD=(python3 benchmarks/gpu_retrieval_check.py --threads "$THREADS" --repeats 3
+RETRIEVAL_CMD=(python3 -m benchmarks.gpu_retrieval_check --threads "$THREADS" --repeats 3
     --precision float16 --allow-dirty --results "$OUT/gpu_retrieval_check.jsonl")
 
 record() {  # record NAME STATUS SECONDS NOTE
@@ -155,7 +156,7 @@ if [ "$DRY" = 1 ]; then
     record ppr SKIP 0 "dry run (CUDA=$CUDA): ${PPR_CMD[*]}"
     want scale && record scale SKIP 0 "dry run (CUDA=$CUDA): ${SCALE_CMD[*]}"
     if [ -f "$KERNEL_CHECK" ]; then
-        record ppr_kernel SKIP 0 "dry run (CUDA=$CUDA): python3 $KERNEL_CHECK"
+        record ppr_kernel SKIP 0 "dry run (CUDA=$CUDA): ${KERNEL_CMD[*]}"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi
@@ -201,7 +202,7 @@ else
     if ! want ppr_kernel; then
         :
     elif [ -f "$KERNEL_CHECK" ]; then
-        check ppr_kernel "$KERNEL_LIMIT" python3 "$KERNEL_CHECK"
+        check ppr_kernel "$KERNEL_LIMIT" "${KERNEL_CMD[@]}"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi

@@ -1,6 +1,6 @@
 """GPU check of the LLM layer: OpenIE with the vLLM backend and a small local model.
 
-    python benchmarks/gpu_llm_check.py [--model PATH_OR_ID] [--n 256]
+    python -m benchmarks.gpu_llm_check [--model PATH_OR_ID] [--n 256]
 
 Skips (exit 2, one "SKIP:" line: a skip never reads as a pass) when there is no CUDA device, no
 vllm, no corpus, or no model on disk. The
@@ -18,12 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import DirtyTreeError, add_arguments, check_clean  # noqa: E402
-
-SKIP = 2  # exit status of a check that could not run
+from benchmarks.common import (
+    REPO,
+    SKIP,
+    DirtyTreeError,
+    add_arguments,
+    check_clean,
+    data_root,
+)
 
 
 def _dir_size(path: Path) -> int:
@@ -78,11 +80,10 @@ def main() -> int:
         print("SKIP: no local instruction model (pass --model or set HIPPO_VLLM_MODEL)")
         return SKIP
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from llm_extract_bench import DATA, DEFAULT_OUT, run
-
+    from benchmarks.llm_extract_bench import DEFAULT_OUT, run
     from hippo_gpu.llm.backends.vllm import VLLMBackend
 
-    corpus = args.corpus or DATA / "musique_train" / "corpus.json"
+    corpus = args.corpus or data_root() / "musique_train" / "corpus.json"
     if not corpus.exists():
         print(f"SKIP: corpus not found: {corpus} (set HIPPO_DATA_DIR)")
         return SKIP

@@ -9,8 +9,8 @@ certified Chebyshev solve per backend against each other; on the small graph als
 float64 CPU solve). Then the fixed-step loop (14 Chebyshev steps, no residual) captured in a CUDA
 graph for both. Appends one JSON line to benchmarks/results/gpu_ppr_kernel_check.jsonl.
 
-    python benchmarks/gpu_ppr_kernel_check.py            # < 2 minutes on one H100/H200
-    python benchmarks/gpu_ppr_kernel_check.py --passages 1000000 --batch-sizes 32,128
+    python -m benchmarks.gpu_ppr_kernel_check            # < 2 minutes on one H100/H200
+    python -m benchmarks.gpu_ppr_kernel_check --passages 1000000 --batch-sizes 32,128
 
 Exits with status 2 printing SKIP when no CUDA device (or no Triton) is present.
 ``--dry-run`` runs the same code on the CPU with TRITON_INTERPRET=1 and tiny graphs (a check of
@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 import types
@@ -32,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import REPO, RESULTS, git_state, time_call
+
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
@@ -64,34 +64,13 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def cuda_time(fn, *, warmup: int = 3, repeats: int = 20) -> float:
-    """Median seconds per call, timed with CUDA events (host clock in --dry-run)."""
-    for _ in range(warmup):
-        fn()
-    _sync()
-    times = []
-    for _ in range(repeats):
-        if DEVICE != "cuda":
-            start_s = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start_s)
-            continue
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def copy_bandwidth(gib: float = 2.0) -> float:
     """Device-to-device copy, bytes read + written per second."""
     n = int(gib * (1 << 30)) // 4
     src = torch.rand(n, device=DEVICE)
     dst = torch.empty_like(src)
-    seconds = cuda_time(lambda: dst.copy_(src), repeats=10)
+    seconds = time_call(lambda: dst.copy_(src), device=DEVICE, warmup=2, repeats=10,
+                        events=True).median
     return 2 * n * 4 / seconds
 
 
@@ -99,17 +78,6 @@ def step_bytes(nnz: int, n: int, q: int, itemsize: int, index_bytes: int) -> int
     """Fewest bytes of one step: M (values + column indices + row pointers) once; y, base,
     y_prev read once; g and y_prev written once."""
     return nnz * (itemsize + index_bytes) + (n + 1) * index_bytes + 5 * n * q * itemsize
-
-
-def git_state() -> dict:
-    def run(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
 
 
 def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step, rows, args):
@@ -137,9 +105,9 @@ def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step
             measured = step(base, y, p, g, 1.2, True)
             out[label] = (g.clone(), p.clone(), measured[0].clone(), measured[1].clone())
             p2 = prev.clone()
-            seconds = cuda_time(
+            seconds = time_call(
                 lambda step=step, g=g, p2=p2, base=base, y=y: step(base, y, p2, g, 1.2, True),
-                repeats=args.repeats)
+                device=DEVICE, warmup=2, repeats=args.repeats, events=True).median
             moved = step_bytes(nnz, n, q, 4, index_bytes)
             rows.append({
                 "graph": name, "N": n, "nnz": nnz, "Q": q, "backend": label, "dtype": "float32",
@@ -156,8 +124,9 @@ def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step
         for label, fn in (("cusparse", None), ("triton", triton_step(matrix, d))):
             result = ppr.ppr_chebyshev(transition, r_hat, normalised=True, step=fn)
             _sync()
-            seconds = cuda_time(lambda fn=fn, r_hat=r_hat: ppr.ppr_chebyshev(
-                transition, r_hat, normalised=True, step=fn), warmup=1, repeats=3)
+            seconds = time_call(lambda fn=fn, r_hat=r_hat: ppr.ppr_chebyshev(
+                transition, r_hat, normalised=True, step=fn), device=DEVICE, warmup=0,
+                repeats=3, events=True).median
             solves[label] = result
             row = next(r for r in rows[::-1] if r["backend"] == label and r["Q"] == q
                        and r["graph"] == name)
@@ -189,9 +158,10 @@ def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         loop()
-                    seconds = cuda_time(graph.replay, warmup=1, repeats=5)
+                    seconds = time_call(graph.replay, device=DEVICE, warmup=0, repeats=5,
+                                        events=True).median
                 else:
-                    seconds = cuda_time(loop, warmup=0, repeats=1)
+                    seconds = time_call(loop, warmup=0, repeats=1).median
                 note = None
             except RuntimeError as e:  # report, do not hide: capture may be unsupported
                 seconds, note = float("nan"), f"capture failed: {e}"[:200]
@@ -209,8 +179,7 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="32,128")
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per single step")
     ap.add_argument("--graph-steps", type=int, default=14)
-    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"
-                                              / "gpu_ppr_kernel_check.jsonl"))
+    ap.add_argument("--results", default=str(RESULTS / "gpu_ppr_kernel_check.jsonl"))
     ap.add_argument("--dry-run", action="store_true", help="CPU + TRITON_INTERPRET, tiny sizes")
     ap.add_argument("--tests", action="store_true",
                     help="run the CUDA tests of tests/test_ppr.py and tests/test_kernels.py "
@@ -278,7 +247,7 @@ def main() -> int:
             print(f"  {r['graph']} Q={r['Q']} {r['backend']}: {extra}")
     record = {
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        **git_state(),
+        **{k: v for k, v in git_state().items() if k in ("commit", "dirty")},
         "device": device_name,
         "versions": {"torch": torch.__version__,
                      "triton": importlib.import_module("triton").__version__},

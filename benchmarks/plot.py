@@ -1,8 +1,8 @@
 """Plots of the benchmark results lines (benchmarks/results/*.jsonl) as PNGs under docs/.
 
-    python benchmarks/plot.py                      # every plot the results support
-    python benchmarks/plot.py --eval-json FILE     # recall@k curves from `hippo-gpu eval --json`
-    python benchmarks/plot.py --run-eval ../shared/data/musique_train --eval-json FILE
+    python -m benchmarks.plot                      # every plot the results support
+    python -m benchmarks.plot --eval-json FILE     # recall@k curves from `hippo-gpu eval --json`
+    python -m benchmarks.plot --run-eval ../shared/data/musique_train --eval-json FILE
                                                    # run that eval first (writes FILE), then plot
 
 Without --eval-json, docs/recall_eval.json is used when it exists (the eval behind the committed
@@ -32,14 +32,13 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.common import REPO, RESULTS, provenance
+
 RECALL_MODES = ("dense", "hipporag2", "hybrid")
 # The eval output behind docs/recall.png (written by --run-eval; read by default when present).
 EVAL_JSON = REPO / "docs" / "recall_eval.json"
@@ -381,9 +380,6 @@ def run_eval(data: Path, out_json: Path, threads: int | None) -> None:
         cmd += ["--threads", str(threads)]
     print("running:", " ".join(cmd))
     subprocess.run(cmd, check=True)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from provenance import provenance  # benchmarks/provenance.py
-
     data_out = json.loads(out_json.read_text())
     record = provenance("eval", threads=threads, device=str(data_out.get("device", "cpu")),
                         precision=data_out.get("precision", "float32"),

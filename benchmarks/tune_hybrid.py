@@ -8,29 +8,26 @@ Appends one JSON line to benchmarks/results/tune_hybrid.jsonl with provenance.py
 (``precision``: the index embedding precision, --precision; ``query_precision``: the index's
 encoder precision; a dirty git tree needs --allow-dirty).
 
-    python benchmarks/tune_hybrid.py --threads 2
+    python -m benchmarks.tune_hybrid --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import (  # noqa: E402
-    DirtyTreeError,
+from benchmarks.common import (
+    RESULTS,
     add_arguments,
-    append_result,
-    check_clean,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    musique_dir,
+    musique_index,
     provenance,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 GRID = {
     "hybrid_linking_top_k": [5, 10],
     "hybrid_passage_node_weight": [0.05, 0.2],
@@ -48,32 +45,20 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--precision", choices=["float32", "bfloat16", "float16"],
                     default="float32", help="index embedding precision (load_index)")
-    ap.add_argument("--results", type=Path,
-                    default=ROOT / "benchmarks" / "results" / "tune_hybrid.jsonl")
+    ap.add_argument("--results", type=Path, default=RESULTS / "tune_hybrid.jsonl")
     add_arguments(ap)
     args = ap.parse_args()
-    try:
-        git = check_clean(args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch.set_num_threads(args.threads)
-    print(f"threads {args.threads} (torch {torch.get_num_threads()}), precision {args.precision}")
+    torch_threads = init_threads(args.threads)
+    git = check_clean_or_exit(args.allow_dirty)
+    print(f"threads {args.threads} (torch {torch_threads}), precision {args.precision}")
 
-    import hippo_gpu
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import recall_at_k
     from hippo_gpu.search import Searcher
 
-    data = Path(args.data_dir or os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
-    data = data / "musique_train"
-    index_dir = Path(args.index_dir)
-    if not (index_dir / "manifest.json").exists():
-        hippo_gpu.build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
-                              index_dir, device="cpu",
-                              cache_dir=Path.home() / ".cache" / "hippo_gpu" / "embeddings")
-    idx = hippo_gpu.load_index(index_dir, device="cpu", precision=args.precision)
+    data = musique_dir(root=args.data_dir, need=("questions.json",))
+    idx = musique_index(data, args.index_dir, precision=args.precision)
     questions = read_questions(data / "questions.json")
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
@@ -119,10 +104,7 @@ def main() -> None:
         "grid": GRID, "best": best, "targets_tune_half": {"2": target2, "5": target5},
         "recall": rows, "best_is_default": is_default,
     }
-    try:
-        append_result(args.results, record, allow_dirty=args.allow_dirty)
-    except DirtyTreeError as e:
-        raise SystemExit(str(e)) from None
+    append_result_or_exit(args.results, record, allow_dirty=args.allow_dirty)
     print(f"appended to {args.results}")
 
 

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from hippo_gpu.evaluate import evaluate_mode
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_retrieval.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
     pytest.importorskip("igraph", reason="the upstream-style baseline needs python-igraph")
-    spec = importlib.util.spec_from_file_location("bench_retrieval", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_retrieval"] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.bench_retrieval")
 
 
 def test_paraphrase_is_deterministic_and_variant_major(bench):

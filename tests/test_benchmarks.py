@@ -3,7 +3,7 @@ results line from a dirty tree is refused unless --allow-dirty (then it is marke
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,10 +22,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behav
 
 @pytest.fixture(scope="module")
 def provenance():
-    spec = importlib.util.spec_from_file_location("provenance", BENCH / "provenance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.provenance")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -36,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
 @no_cuda
 def test_gpu_retrieval_check_skips_without_cuda(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_retrieval_check.py"), "--threads", "1",
+        [sys.executable, "-m", "benchmarks.gpu_retrieval_check", "--threads", "1",
          "--results", str(tmp_path / "r.jsonl")],
         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -153,3 +151,50 @@ def test_provenance_fields(provenance, repo):
     assert v["torch"] == torch.__version__ and v["no_such_module_xyz"] is None
     assert {"python", "numpy"} <= set(v)
     json.dumps(record)  # serialisable as is
+
+
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py")
+                 if p.stem not in ("__init__", "common", "provenance", "timing"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_runs_as_a_module(name, tmp_path):
+    # `python -m benchmarks.NAME` from anywhere with the checkout on PYTHONPATH: no script edits
+    # sys.path, and --help exits before any measurement
+    out = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"],
+                         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("usage:")
+
+
+def test_missing_data_is_a_skip(tmp_path, capsys):
+    common = importlib.import_module("benchmarks.common")
+    (tmp_path / "musique_train").mkdir()
+    (tmp_path / "musique_train" / "questions.json").write_text("[]")
+    assert common.musique_dir(root=tmp_path, need=("questions.json",)) == \
+        tmp_path / "musique_train"
+    with pytest.raises(SystemExit) as e:
+        common.musique_dir(root=tmp_path, need=("questions.json", "openie*.json"))
+    assert e.value.code == common.SKIP != 0
+    assert capsys.readouterr().out.startswith("SKIP: musique_train data not found: no openie")
+
+
+def test_init_threads_refuses_once_torch_is_loaded(monkeypatch):
+    common = importlib.import_module("benchmarks.common")
+    for var in common.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="before"):
+        common.init_threads(1)  # torch is imported here: the variables would come too late
+    assert not any(var in os.environ for var in common.THREAD_VARS)
+
+
+def test_summarize_is_the_median_and_linear_quantiles():
+    timing = importlib.import_module("benchmarks.timing")
+    samples = [0.5, 0.1, 0.4, 0.2, 0.3, 0.9]
+    t = timing.summarize(7.0, samples)
+    assert (t.first, t.runs) == (7.0, 6)
+    assert t.median == pytest.approx(np.median(samples))
+    assert (t.p20, t.p80) == pytest.approx(tuple(np.quantile(samples, [0.2, 0.8])))
+    calls = []
+    t = timing.time_call(lambda: calls.append(1), warmup=2, repeats=3)
+    assert len(calls) == 1 + 2 + 3 and t.runs == 3  # first + warm-up + recorded
