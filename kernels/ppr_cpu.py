@@ -285,32 +285,6 @@ def _emit(y, width, lanes_out, target_pos, out, q0):
 
 
 @njit(cache=True, nogil=True)
-def _residual64(indptr, indices, data64, base, y, width, lanes, res, tot):
-    """res[c] = Σ_i |r̂_i + Σ_e data64_e y_{j_e} − y_i| and tot[c] = Σ_i y_i in float64, for the
-    lanes c with lanes[c] (``base`` holds (1 − d)·r̂ here, data64 = d·M in float64): the exact
-    residual of a float32 iterate, which ppr.py's float32 certificate needs ("Round-off floor").
-    One row-major pass for all lanes; float64 accumulators, CSR order."""
-    n = indptr.size - 1
-    acc = np.zeros(width)
-    res[:] = 0.0
-    tot[:] = 0.0
-    for i in range(n):
-        row = i * width
-        for c in range(width):
-            acc[c] = base[row + c]
-        for e in range(indptr[i], indptr[i + 1]):
-            col = indices[e] * width
-            w = data64[e]
-            for c in range(width):
-                acc[c] += w * y[col + c]
-        for c in range(width):
-            if lanes[c]:
-                v = y[row + c]
-                res[c] += abs(acc[c] - v)
-                tot[c] += v
-
-
-@njit(cache=True, nogil=True)
 def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omegas, damping, tol,
                  top_k, stall_steps, data64, slack, base, y, y_prev, out, iterations, bounds,
                  certified, stalled):
@@ -320,7 +294,8 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     floor of the dtype: it stops uncertified with ``stalled`` set (ppr.py, "Round-off floor").
     With ``data64`` (d·M in float64; empty to skip), a column's certificate is re-checked on its
     float64 residual before it is emitted, ``slack`` (residual units) covering the rounding of r̂;
-    one that fails it is marked stalled too.
+    a refuted column iterates on and is checked again, and after ``stall_steps`` refutations it
+    is marked stalled too.
     """
     n = indptr.size - 1
     live = min(width, reset.shape[1] - q0)
@@ -355,15 +330,20 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     last_gap = np.full(width, np.inf)  # min top-k gap at the last check (top-k only)
     halved = np.full(width, np.inf)  # the bound when it last halved, and at which step
     halved_step = np.zeros(width, np.int64)
+    # The float64 check of a float32 certificate is one float64 sweep of the same kernel from
+    # the float32 iterate: g₆₄ = (1 − d) r̂ + d M₆₄ y, res = Σ|g₆₄ − y|, tot = Σ y per lane.
     verify = data64.size > 0
+    size64 = base.size if verify else 0
     res64 = np.zeros(width)
     tot64 = np.zeros(width)
-    base64 = np.zeros(base.size) if verify else np.zeros(0)  # (1 − d) r̂ as float64
-    if verify:
-        for k in range(base.size):
-            base64[k] = one_minus_d * np.float64(base[k])
+    base64 = np.empty(size64)  # r̂ as float64
+    y64 = np.empty(size64)
+    g64 = np.empty(size64)
+    for k in range(size64):
+        base64[k] = base[k]
     new = np.zeros(width, np.bool_)  # lanes certified in float32 this step, to verify
     topk_new = np.zeros(width, np.bool_)
+    refuted = np.zeros(width, np.int64)  # float32 certificates the float64 check refuted
     for step in range(max_iter):
         _sweep_any(n, indptr, indices, data, base, one_minus_d, y, y_prev, omegas[step], res, tot,
                    width)
@@ -413,7 +393,10 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                     finished[c] = True
                     iterations[q0 + c] = max_iter
         if verify and new.any():  # the float32 certificates, on the float64 residual
-            _residual64(indptr, indices, data64, base64, y, width, new, res64, tot64)
+            for k in range(size64):
+                y64[k] = y[k]
+            _sweep_any(n, indptr, indices, data64, base64, np.float64(one_minus_d), y64, g64,
+                       np.float64(1.0), res64, tot64, width)
             for c in range(live):
                 if not new[c]:
                     continue
@@ -421,9 +404,16 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                 bound = bound_factor * rho / tot64[c] if tot64[c] > 0 else np.inf
                 bounds[q0 + c] = bound
                 ok = bound <= tol or (topk_new[c] and last_gap[c] > rho / one_minus_d)
-                if not ok:
-                    certified[q0 + c] = False
+                if ok:
+                    continue
+                # The float32 iterate is not yet as close as its float32 residual said: iterate
+                # on (one step shrinks the true residual too), unless that keeps failing.
+                certified[q0 + c] = False
+                refuted[c] += 1
+                if refuted[c] >= stall_steps or step == max_iter - 1:
                     stalled[q0 + c] = True
+                else:
+                    finished[c] = False
         if finished.any():
             _emit(y, width, finished, target_pos, out, q0)
             done |= finished

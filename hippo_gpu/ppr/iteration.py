@@ -84,21 +84,33 @@ Per column, the output is the iterate of the first step at which that column's c
 does not depend on the rest of its batch in the CPU kernel (bit-identical), and only through
 check spacing in the torch path.
 
-**Round-off floor and the float64 finish.** Bound (3) is computed from the measured residual ρ,
-and in float32 ρ itself carries round-off: each g_i sums deg(i) products with relative error
-~deg(i)·2⁻²⁴, so ‖ρ‖₁ cannot fall below a floor of order 2⁻²⁴·‖y‖₁ times the graph's typical
-degree, and the certified bound 2 d ‖ρ‖₁ / ((1 − d) σ) stops decreasing there. On musique's phrase
-graph the floor is ~5e-7, a factor 2 below the float32 default tol 1e-6; on larger or denser
-graphs it is above it, and a float32 solve could never certify tol. In exact arithmetic the bound
-falls geometrically (the power iteration contracts ρ by d per step in L1, ‖dM‖₁ ≤ d; Chebyshev
-faster), so it halves at least every ⌈ln 2 / ln(1/d)⌉ steps. A column whose bound has not halved in
-``stall_steps(d)`` = max(8, 4⌈ln 2 / ln(1/d)⌉) steps is therefore at its floor, not converging
-slowly: it stops at once ("stalled"), instead of running to ``max_iter``. :class:`PPRSolver`
-then solves exactly those columns again in float64 (a float64 copy of the operator, built from
-the adjacency on the first stall and kept), to the same ``tol``: float64's floor is ~2⁻²⁹ of
-float32's, so the float64 bound certifies any tol above ~1e-13 on every graph we build, and the
-float32 columns that met tol (all of them, on our data) keep float32's speed. The reported bound
-of a finished column is the float64 one, so the certificate is real, not up to float32 round-off.
+**Round-off floor, the float64 check and the float64 finish.** Bound (3) is computed from the
+measured residual ρ, and in float32 ρ itself carries round-off: each g_i sums deg(i) products
+with relative error up to ~deg(i)·2⁻²⁴, and at a float32 fixed point the measured residual can
+vanish while the true one does not. So a float32 bound is no certificate by itself (measured on
+a hub graph, tests/test_ppr_roundoff.py: a float32 "bound" of 1e-10 on a column whose true L1
+error was 4e-7), and it also stops decreasing at a floor (~2e-8 to ~2e-7 on musique's graphs;
+above the float32 default tol 1e-6 on larger or denser graphs). Three rules follow.
+
+1. *Every float32 certificate is checked in float64.* When a column's float32 bound meets tol
+   (or its top-k certificate holds), its iterate y is re-checked: with g₆₄ = (1−d) r̂ + d M₆₄ y
+   computed in float64 (M₆₄ kept beside the float32 operator, sharing its indices),
+   ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁ (torch path, which returns g) or
+   ‖y − y*‖₁ ≤ ‖g₆₄ − y‖₁/(1−d) (kernel, which returns y), each plus 2⁻²³ for r̂ rounded into
+   float32 (‖L‖₁ ≤ 1) and the float64 round-off of the longest row's sum. That float64 bound
+   is the one reported. A refuted column iterates on (a step shrinks the true residual too,
+   down to float32's own floor) and is checked again.
+2. *A stall is detected, not waited out.* In exact arithmetic the bound falls geometrically (the
+   power iteration contracts ρ by d per step in L1, ‖dM‖₁ ≤ d; Chebyshev faster), so it halves
+   at least every ⌈ln 2 / ln(1/d)⌉ steps. A column whose float32 bound has not halved in
+   ``stall_steps(d)`` = max(8, 4⌈ln 2 / ln(1/d)⌉) steps, or whose certificate was refuted that
+   many times, is at its floor: it stops at once ("stalled") instead of running to max_iter.
+3. *Stalled columns are finished in float64.* :class:`~hippo_gpu.ppr.PPRSolver` solves exactly
+   those columns again in float64 (the kept operator), to the same tol: float64's floor is
+   ~2⁻²⁹ of float32's, so it certifies any tol above ~1e-13 on every graph we build, and the
+   float32 columns that passed keep float32's speed. The returned scores are float32, which
+   adds the rounding of a distribution (≤ 2⁻²⁴ in L1) to the certified bound.
+
 Only a column that runs out of ``max_iter`` steps while its bound still falls (or one that
 stalls in float64 too: a tol below float64 round-off) is left uncertified; the solver then raises
 :class:`ConvergenceError` naming those columns, and :meth:`PPRSolver.solve` returns them marked,
@@ -436,6 +448,7 @@ def _solve(
     patience = stall_steps(d)
     halved = torch.full((q,), math.inf, dtype=r_hat.dtype, device=dev)  # bound when last halved
     halved_at = torch.zeros(q, dtype=torch.int64, device=dev)  # ... and at which step
+    refuted = torch.zeros(q, dtype=torch.int64, device=dev)  # float64 refutations so far
     step = torch_step(transition) if step is None else step
     scores = torch.empty_like(r_hat)  # [N, Q], filled as columns finish
     met = torch.zeros(q, dtype=torch.bool, device=dev)
@@ -457,8 +470,8 @@ def _solve(
             residual, mass = measured
             err = factor * residual  # bounds ‖g − y*‖₁ per open column
             now = torch.where(mass > 0, 2.0 * err / mass, math.inf)
-            ok, stall, halved, halved_at = _classify(
-                k, now, err, base, y, g, halved, halved_at, tol=tol, top_k=top_k,
+            ok, stall, halved, halved_at, refuted = _classify(
+                k, now, err, base, y, g, halved, halved_at, refuted, tol=tol, top_k=top_k,
                 target_rows=target_rows, patience=patience, exact=exact)
             finish = ok | stall | (k == max_iter)
             if bool(finish.any()):
@@ -473,7 +486,7 @@ def _solve(
                 if keep.numel() == 0:
                     break
                 cols, now = cols[keep], now[keep]
-                halved, halved_at = halved[keep], halved_at[keep]
+                halved, halved_at, refuted = halved[keep], halved_at[keep], refuted[keep]
                 base, y, g = base[:, keep], y[:, keep], g[:, keep]
                 y_prev = y_prev[:, keep] if weights is not None else y
             worst = float(now.max())
@@ -488,12 +501,13 @@ def _solve(
 
 
 def _classify(k: int, now: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tensor,
-              halved: Tensor, halved_at: Tensor, *, tol: float, top_k: int,
+              halved: Tensor, halved_at: Tensor, refuted: Tensor, *, tol: float, top_k: int,
               target_rows: Tensor | None, patience: int,
-              exact: Transition | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(certified, stalled, halved, halved_at) of the open columns at a checked step k: the
-    bound or the top-k certificate, the halving record of the stall rule, and (``exact``) the
-    float64 re-check of every float32 certificate (module docstring, "Round-off floor")."""
+              exact: Transition | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(certified, stalled, halved, halved_at, refuted) of the open columns at a checked step k:
+    the bound or the top-k certificate, the halving record of the stall rule, and (``exact``)
+    the float64 re-check of every float32 certificate (module docstring, "Round-off floor"): a
+    refuted column iterates on, and counts as stalled after ``patience`` refutations."""
     ok = now <= tol
     if top_k:
         ok |= _topk_certified(g, target_rows, top_k, err)
@@ -503,9 +517,10 @@ def _classify(k: int, now: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tens
     stall = ~ok & (k - halved_at >= patience)  # at the round-off floor
     if exact is not None and bool(ok.any()):
         held = _verify64(exact, base, y, g, ok, now, tol, top_k, target_rows)
-        stall |= ok & ~held
+        refuted = refuted + (ok & ~held).to(refuted.dtype)
+        stall |= ok & ~held & (refuted >= patience)
         ok &= held
-    return ok, stall, halved, halved_at
+    return ok, stall, halved, halved_at, refuted
 
 
 def _verify64(exact: Transition, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor,
