@@ -115,6 +115,7 @@ def run_local(index: Path, queries: Path, out: Path, threads: int,
 def run_ray(index: Path, queries: Path, out: Path, workers: int, cpus: float,
             args: argparse.Namespace, spans: Path) -> dict[str, Any]:
     from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray
+    from hippo_gpu.searcher_spec import SearcherSpec
 
     class TimedActor(IndexActor):
         """Records (pid, start, end, rows) of every chunk it answers."""
@@ -129,10 +130,10 @@ def run_ray(index: Path, queries: Path, out: Path, workers: int, cpus: float,
     spans.unlink(missing_ok=True)
     cpus_per_worker = min(1.0, (cpus - 1) / workers)
     t0 = time.time()
-    report = retrieve_ray(index, queries, out, workers=workers, cpus_per_worker=cpus_per_worker,
-                          threads_per_worker=args.threads, mode=args.mode, top_k=args.top_k,
-                          batch_size=args.batch_size, part_size=args.part_size, device="cpu",
-                          actor_cls=TimedActor)
+    spec = SearcherSpec(index, device="cpu", threads=args.threads)
+    report = retrieve_ray(spec, queries, out, workers=workers, cpus_per_worker=cpus_per_worker,
+                          mode=args.mode, top_k=args.top_k, batch_size=args.batch_size,
+                          part_size=args.part_size, actor_cls=TimedActor)
     calls = [json.loads(line) for line in spans.read_text().splitlines()]
     first, last = min(c[1] for c in calls), max(c[2] for c in calls)
     return {"row": f"ray {workers} x {args.threads} thr", "kind": "ray", "workers": workers,

@@ -7,7 +7,13 @@ from typing import Any
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 KNN_BACKENDS = ("auto", "faiss-flat", "ivf-join", "faiss-hnsw", "faiss-ivf", "faiss-gpu", "torch")
-PRECISIONS = ("float32", "bfloat16", "float16")
+# Precision names, three concepts and two lists. PRECISIONS: the stored or computed precision of
+# embeddings, both of the index's device-resident embedding matrices (load_index / Index.to) and
+# of an encoder (EncoderConfig.precision, a Searcher's query_precision). PPR_DTYPES: the float
+# type of the PPR solve (RetrievalConfig.dtype). hippo_gpu.device maps both to torch dtypes.
+PRECISIONS = ("float32", "float16", "bfloat16")
+PPR_DTYPES = ("float32", "float64")
+ENCODER_BACKENDS = ("auto", "torch", "onnx")  # what runs an encoder (EncoderConfig.backend)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,8 @@ class EncoderConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if "{instruction}" not in self.instruction_template:
             raise ValueError("instruction_template must contain '{instruction}'")
-        if self.backend not in ("auto", "torch", "onnx"):
-            raise ValueError(f"backend must be 'auto', 'torch' or 'onnx', got {self.backend!r}")
+        if self.backend not in ENCODER_BACKENDS:
+            raise ValueError(f"backend must be one of {ENCODER_BACKENDS}, got {self.backend!r}")
         if self.backend == "onnx" and self.precision != "float32":
             raise ValueError(f"backend 'onnx' runs float32 only, got precision {self.precision!r}")
 
@@ -140,7 +146,8 @@ class RetrievalConfig:
         kept per query (upstream uses the one value three ways).
     passage_node_weight: weight of the dense passage part of the reset vector.
     damping: probability of following an edge in PPR.
-    dtype: "float32" (fast) or "float64" (parity with igraph prpack to ~1e-10).
+    dtype: the PPR solve's float type (PPR_DTYPES): "float32" (fast) or "float64" (parity with
+        igraph prpack to ~1e-10); hippo_gpu.device.ppr_dtype(config) is its torch dtype.
     ppr_tol: L1 error bound per query column (None: the solver's default for the dtype).
     ppr_max_iter: step cap per PPR solve; a query whose bound still falls after it fails alone
         (round-off never fails one: stalled float32 columns are finished in float64).
@@ -190,8 +197,8 @@ class RetrievalConfig:
         check_ppr_method(self.ppr_method)
         if self.ppr_max_iter < 1:
             raise ValueError(f"ppr_max_iter must be >= 1, got {self.ppr_max_iter}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.dtype not in PPR_DTYPES:
+            raise ValueError(f"dtype must be one of {PPR_DTYPES}, got {self.dtype!r}")
         if self.hybrid_temperature <= 0 or self.hybrid_rrf_k < 0:
             raise ValueError("hybrid_temperature must be > 0 and hybrid_rrf_k >= 0")
         if not 0.0 <= self.hybrid_entity_weight <= 1.0:

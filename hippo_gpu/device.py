@@ -1,10 +1,30 @@
-"""The only place that turns a device spec ("auto", "cpu", "cuda", "cuda:1") into a torch.device."""
+"""The only place that turns a device spec ("auto", "cpu", "cuda", "cuda:1") into a torch.device,
+and precision names (hippo_gpu.config.PRECISIONS, PPR_DTYPES) into torch dtypes."""
 
 from __future__ import annotations
 
 import torch
 
+from hippo_gpu.config import PPR_DTYPES, PRECISIONS, RetrievalConfig
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def check_device(spec: str | torch.device | None) -> torch.device | None:
+    """The torch.device a device spec names (None for "auto" or None), without asking whether
+    this machine has it (a spec may be made here and opened on another machine).
+
+    Raises:
+        ValueError: `spec` names no device.
+    """
+    if isinstance(spec, torch.device):
+        return spec
+    if spec is None or spec == "auto":
+        return None
+    try:
+        return torch.device(spec)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {spec!r}; use one of {DEVICE_CHOICES}") from e
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
@@ -13,15 +33,9 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     "auto" (or None) picks CUDA when it is available, else the CPU. Asking for CUDA on a machine
     without it is an error rather than a silent fallback.
     """
-    if isinstance(spec, torch.device):
-        device = spec
-    elif spec is None or spec == "auto":
+    device = check_device(spec)
+    if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            device = torch.device(spec)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"unknown device {spec!r}; use one of {DEVICE_CHOICES}") from e
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} was requested but CUDA is not available")
     return device
@@ -36,22 +50,20 @@ def set_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
-# Precision of the device-resident embeddings and of the scores computed from them. One default
-# on every device: float32 (it reproduces the official figures); half precision only on request.
-PRECISIONS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Every precision name is the name of its torch dtype. Embeddings default to float32 on every
+# device (it reproduces the official figures); half precision only on request.
+_TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name)
+                                         for name in PRECISIONS + PPR_DTYPES}
 
 
 def precision_dtype(precision: str) -> torch.dtype:
-    """The torch dtype of a precision name ("float32", "float16" or "bfloat16")."""
-    try:
-        return PRECISIONS[precision]
-    except KeyError:
-        raise ValueError(f"unknown precision {precision!r}; use one of {tuple(PRECISIONS)}") \
-            from None
+    """The torch dtype of an embedding precision name (hippo_gpu.config.PRECISIONS)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    return _TORCH_DTYPES[precision]
 
 
-def ppr_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a PPR precision name (RetrievalConfig.dtype: "float32" | "float64")."""
-    if name not in ("float32", "float64"):
-        raise ValueError(f"PPR dtype must be 'float32' or 'float64', got {name!r}")
-    return torch.float64 if name == "float64" else torch.float32
+def ppr_dtype(config: RetrievalConfig) -> torch.dtype:
+    """The torch dtype of the PPR solve `config` asks for (config.dtype, one of PPR_DTYPES:
+    torch.float32 or torch.float64; RetrievalConfig validates the name)."""
+    return _TORCH_DTYPES[config.dtype]

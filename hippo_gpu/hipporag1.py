@@ -349,7 +349,7 @@ def build_v1_graph(index: Index, *,
 
 def make_solver(graph: V1Graph, cfg: RetrievalConfig) -> PPRSolver:
     """The PPR solver of W for `cfg` (damping, dtype, tolerance, method), all M rows out."""
-    dtype = ppr_dtype(cfg.dtype)
+    dtype = ppr_dtype(cfg)
     return PPRSolver(graph.adjacency, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
                      method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
 

@@ -287,7 +287,7 @@ class Searcher:
     def _solver(self, cfg: RetrievalConfig, *, phrase_graph: bool = False) -> PPRSolver:
         """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
         index = self.index
-        dtype = ppr_dtype(cfg.dtype)
+        dtype = ppr_dtype(cfg)
         key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method,
                cfg.ppr_max_iter)
         solver = self._solvers.get(key)
@@ -468,7 +468,7 @@ class Searcher:
             cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
             clock.lap("dense")
             seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos, cfg,
-                                  hybrid=hybrid, dtype=ppr_dtype(cfg.dtype))  # [N, c]
+                                  hybrid=hybrid, dtype=ppr_dtype(cfg))  # [N, c]
             seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; PPR discarded
             clock.lap("seeds")
             solution = self._solver(cfg).solve(seeds)

@@ -24,6 +24,7 @@ pytest.importorskip("pyarrow")
 from hippo_gpu.batch import retrieve_file  # noqa: E402
 from hippo_gpu.data import DataFormatError  # noqa: E402
 from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray  # noqa: E402
+from hippo_gpu.searcher_spec import SearcherSpec  # noqa: E402
 from tests.test_search import QUERIES  # noqa: E402
 
 CRASH = "crash trigger "  # + marker path + ": " + question (see CrashOnce)
@@ -134,9 +135,9 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index
     q = tmp_path / "q.parquet"
     out = tmp_path / "ray.parquet"
     pq.write_table(pa.Table.from_pylist(rows), q, row_group_size=13)  # 3 row groups
-    report = retrieve_ray(sample_index_dir, q, out, workers=2, cpus_per_worker=0.5, top_k=4,
-                          batch_size=4, part_size=5, skip_bad=True, device="cpu",
-                          actor_cls=CrashOnce)
+    report = retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, out, workers=2,
+                          cpus_per_worker=0.5, top_k=4, batch_size=4, part_size=5,
+                          skip_bad=True, actor_cls=CrashOnce)
     assert report.parts == 7  # row groups of 13, 13 and 4 rows in chunks of at most 5
     assert marker.exists()  # a replica did die mid-run
     assert (report.rows, report.answered, report.bad) == (30, 29, 1)
@@ -156,7 +157,8 @@ def test_malformed_row_fails_the_run_naming_it(ray_local, sample_index_dir, tmp_
     q.write_text('{"id": 1, "query": "lighthouse"}\n{"id": 2}\n')
     with pytest.raises(DataFormatError, match=r"q\.jsonl: line at byte 33: malformed row "
                        r"'\{\"id\": 2\}': 'query' must be a non-empty string"):
-        retrieve_ray(sample_index_dir, q, tmp_path / "o.jsonl", workers=1, device="cpu")
+        retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, tmp_path / "o.jsonl",
+                     workers=1)
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -237,8 +239,8 @@ def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_
 
     # Other arguments on the same parts: refused, naming the difference.
     with pytest.raises(DataFormatError, match="differs in top_k"):
-        retrieve_ray(sample_index_dir, q, out, top_k=4, batch_size=4, part_size=10,
-                     device="cpu")
+        retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, out, top_k=4,
+                     batch_size=4, part_size=10)
 
     # The same command again, in this process (Ray is up here, so --ray uses it).
     res = CliRunner().invoke(app, [*args, "local"])

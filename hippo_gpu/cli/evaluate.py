@@ -5,12 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import cache_root, console, err_console, fail, setup
 from hippo_gpu.config import MODES, EncoderConfig, RetrievalConfig
+
+if TYPE_CHECKING:
+    from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
 
 ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that take query entities
 
@@ -29,26 +34,31 @@ def _file_digest(*paths: Path, extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
-def _build_or_load(corpus: Path, openie: Path, index_dir: Path | None, encoder: str,
-                   device: str, precision: str = "float32"):
-    """The cached (or given) index of corpus + openie, built if absent, at `precision`."""
-    from hippo_gpu.build import build_index
-    from hippo_gpu.index import IndexFormatError, load_index
-
+def _index_dir(corpus: Path, openie: Path, index_dir: Path | None, encoder: str) -> Path:
+    """The given index directory, else the cache's for corpus + openie + encoder."""
+    if index_dir is not None:
+        return index_dir
     enc = EncoderConfig(model=encoder)
-    if index_dir is None:
-        digest = _file_digest(corpus, openie, extra=json.dumps(enc.identity(), sort_keys=True))
-        index_dir = cache_root() / "indexes" / f"{corpus.parent.name}-{digest}"
-    if (index_dir / "manifest.json").exists():
+    digest = _file_digest(corpus, openie, extra=json.dumps(enc.identity(), sort_keys=True))
+    return cache_root() / "indexes" / f"{corpus.parent.name}-{digest}"
+
+
+def _open_or_build(spec: SearcherSpec, corpus: Path, openie: Path) -> tuple[Searcher, bool]:
+    """(searcher, built): the spec's index opened, or (absent or incompatible) built from
+    corpus + openie with the spec's encoder model at its precision, then opened."""
+    from hippo_gpu.build import build_index
+    from hippo_gpu.index import IndexFormatError
+
+    if (spec.index / "manifest.json").exists():
         try:
-            return (load_index(index_dir, device=device, encoder=encoder, precision=precision),
-                    index_dir, False)
+            return spec.open(), False
         except IndexFormatError as e:
-            err_console.print(f"[yellow]rebuilding {index_dir}: {e}")
-    idx = build_index(corpus, openie, index_dir, encoder=enc, device=device,
-                      cache_dir=cache_root() / "embeddings", show_progress=True,
-                      precision=precision)
-    return idx, index_dir, True
+            err_console.print(f"[yellow]rebuilding {spec.index}: {e}")
+    idx = build_index(corpus, openie, spec.index,
+                      encoder=EncoderConfig(model=spec.encoder_model or EncoderConfig.model),
+                      device=spec.device, cache_dir=cache_root() / "embeddings",
+                      show_progress=True, precision=spec.precision)
+    return spec.open(idx), True
 
 
 def eval_cmd(
@@ -84,7 +94,7 @@ def eval_cmd(
 
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import evaluate_mode
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
 
     n = setup(threads)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
@@ -93,17 +103,16 @@ def eval_cmd(
             fail(f"unknown mode {m!r}; choose from {MODES}")
     openie = openie or _find_openie(data)
     questions = read_questions(data / "questions.json")[:questions_limit]
-    try:
-        idx, where, built = _build_or_load(data / "corpus.json", openie, index_dir, encoder,
-                                           device, precision)
-    except ValueError as e:
-        fail(str(e))
+    corpus = data / "corpus.json"
     cfg = RetrievalConfig(dtype=dtype)
     try:
-        searcher = Searcher(idx, cfg, query_precision=query_precision,
-                            query_backend=query_backend)
+        spec = SearcherSpec(_index_dir(corpus, openie, index_dir, encoder), device=device,
+                            precision=precision, query_precision=query_precision,
+                            query_backend=query_backend, config=cfg, encoder_model=encoder)
+        searcher, built = _open_or_build(spec, corpus, openie)
     except ValueError as e:
         fail(str(e))
+    idx, where = searcher.index, spec.index
     console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
                   f"device {idx.device}, precision {idx.precision}, {n} threads")
     entities, entity_source = None, "capitalised spans"

@@ -123,14 +123,13 @@ def qa(
     from hippo_gpu.build import build_index
     from hippo_gpu.data import DataFormatError, as_passages, read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.index import load_index
     from hippo_gpu.llm.backends import BackendError, BackendSpecError, make_backend
     from hippo_gpu.llm.cache import LLMCache
     from hippo_gpu.llm.extract import extract_openie
     from hippo_gpu.llm.filter import RecognitionMemoryFilter
     from hippo_gpu.llm.ner import QueryNER
     from hippo_gpu.llm.qa import QAReader, qa_metrics
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
 
     try:
         passages = as_passages(data / "corpus.json")
@@ -146,22 +145,24 @@ def qa(
         fail(str(e))
     with backend, LLMCache(cache_path) as llm_cache:
         t0 = time.perf_counter()
+        spec = SearcherSpec(index_dir, device=device)
         if index_dir.exists() and any(index_dir.iterdir()):
-            idx = load_index(index_dir, device=device)
+            searcher = spec.open()
         else:
             if openie is None:
                 openie = index_dir.with_name(index_dir.name + ".openie.json")
                 report = extract_openie(passages, backend, openie, cache_path=cache_path)
                 console.print(f"OpenIE: {report.done} extracted, {report.cached} cached, "
                               f"{report.failed} failed ({report.passages_per_s:.3f} passages/s)")
-            idx = build_index(passages, openie, index_dir, device=device)
+            searcher = spec.open(build_index(passages, openie, index_dir, device=device))
+        idx = searcher.index
         t_index = time.perf_counter() - t0
         texts = [q.question for q in questions]
         fact_filter = RecognitionMemoryFilter(backend, llm_cache) if llm_filter else None
         t0 = time.perf_counter()
         entities = QueryNER(backend, llm_cache)(texts) if mode == "hipporag1" else None
-        hits = Searcher(idx).retrieve(texts, top_k=max(top_k, 10), mode=mode,
-                                      fact_filter=fact_filter, query_entities=entities)
+        hits = searcher.retrieve(texts, top_k=max(top_k, 10), mode=mode,
+                                 fact_filter=fact_filter, query_entities=entities)
         t_retrieve = time.perf_counter() - t0
         contexts = [[idx.passage_texts[h.row] for h in row[:top_k]]
                     for row in hits]

@@ -48,9 +48,8 @@ def mcp(
     except ImportError as e:
         raise typer.BadParameter(f"the mcp command needs the mcp extra: pip install "
                                  f"'hippo-gpu[mcp]' ({e})") from e
-    from hippo_gpu.device import set_threads
-    from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
     from hippo_gpu.serve.batcher import BatcherConfig
     from hippo_gpu.serve.service import RetrievalService, parse_index_specs
 
@@ -58,19 +57,17 @@ def mcp(
         specs = parse_index_specs(index)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    set_threads(threads)
     searchers: dict[str, Searcher] = {}
     # Python-level prints while loading must not reach the protocol channel.
     with contextlib.redirect_stdout(sys.stderr):
         for name, path in specs.items():
             typer.echo(f"loading index {name!r} from {path} on {device} ...", err=True)
             try:
-                searchers[name] = Searcher(load_index(path, device=device, precision=precision),
-                                           query_backend=query_backend)
+                searchers[name] = SearcherSpec(path, device=device, precision=precision,
+                                               query_backend=query_backend, threads=threads,
+                                               warm_up=warmup).open()
             except ValueError as e:
                 raise typer.BadParameter(f"--index {path}: {e}") from e
-            if warmup:
-                searchers[name].warm_up(("dense", "hipporag2"))
     service = RetrievalService(searchers, BatcherConfig(max_batch, max_wait_ms, max_queue))
     limits = QueryLimits(max_query_chars=max_query_chars, max_top_k=max_top_k)
     anyio.run(serve_stdio, service, limits)

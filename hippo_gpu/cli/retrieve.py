@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from hippo_gpu.cli.common import console, fail, setup
 from hippo_gpu.config import MODES
+
+if TYPE_CHECKING:
+    from hippo_gpu.searcher_spec import SearcherSpec
 
 
 def retrieve(
@@ -40,20 +45,23 @@ def retrieve(
     """
     from hippo_gpu.batch import retrieve_file
     from hippo_gpu.data import DataFormatError
-    from hippo_gpu.index import IndexFormatError, load_index
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.index import IndexFormatError
+    from hippo_gpu.searcher_spec import SearcherSpec
 
     n = setup(threads)
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {MODES}")
+    try:
+        spec = SearcherSpec(index, device=device, precision=precision, threads=threads)
+    except ValueError as e:
+        fail(str(e))
     if ray is not None:
-        _retrieve_ray(ray, index, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
-                      part_size=part_size, skip_bad=skip_bad, device=device, precision=precision,
-                      threads=threads, workers=workers, cpus_per_worker=cpus_per_worker,
-                      gpus_per_worker=num_gpus_per_worker)
+        _retrieve_ray(ray, spec, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
+                      part_size=part_size, skip_bad=skip_bad, workers=workers,
+                      cpus_per_worker=cpus_per_worker, gpus_per_worker=num_gpus_per_worker)
         return
     try:
-        searcher = Searcher(load_index(index, device=device, precision=precision))
+        searcher = spec.open()
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
                                batch_size=batch_size, part_size=part_size, skip_bad=skip_bad)
     except (DataFormatError, IndexFormatError, FileNotFoundError, ImportError, ValueError) as e:
@@ -64,10 +72,9 @@ def retrieve(
                   + f"; {report.queries_per_s:.1f} queries/s, {n} threads")
 
 
-def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: str,
-                  top_k: int, batch_size: int, part_size: int, skip_bad: bool, device: str,
-                  precision: str, threads: int | None, workers: int, cpus_per_worker: float,
-                  gpus_per_worker: float) -> None:
+def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *, mode: str,
+                  top_k: int, batch_size: int, part_size: int, skip_bad: bool, workers: int,
+                  cpus_per_worker: float, gpus_per_worker: float) -> None:
     from hippo_gpu.data import DataFormatError
     from hippo_gpu.index import IndexFormatError
 
@@ -80,13 +87,12 @@ def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: 
         fail(f"cannot use Ray at {address!r}: {e}")
     import ray
 
-    per_worker = threads or max(1, round(cpus_per_worker))
+    per_worker = spec.threads or max(1, round(cpus_per_worker))
     try:
-        report = retrieve_ray(index, queries, out, workers=workers,
+        report = retrieve_ray(replace(spec, threads=per_worker), queries, out, workers=workers,
                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                              threads_per_worker=per_worker, mode=mode, top_k=top_k,
-                              batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
-                              device=device, precision=precision, show_progress=True)
+                              mode=mode, top_k=top_k, batch_size=batch_size,
+                              part_size=part_size, skip_bad=skip_bad, show_progress=True)
     except (DataFormatError, IndexFormatError, FileNotFoundError, ValueError) as e:
         fail(str(e))
     finally:

@@ -12,13 +12,17 @@ import ipaddress
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import typer
 
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.config import QueryLimits, ServerConfig
+
+if TYPE_CHECKING:
+    from hippo_gpu.searcher_spec import SearcherSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +100,7 @@ def serve(
     /docs for one or several indexes."""
     import uvicorn
 
-    from hippo_gpu.device import set_threads
-    from hippo_gpu.index import load_index
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
     from hippo_gpu.serve.server import create_app
     from hippo_gpu.serve.service import parse_index_specs
     from hippo_gpu.serve.writes import SearcherHolder
@@ -127,25 +129,30 @@ def serve(
         )
     if writable and token is None:
         raise typer.BadParameter(f"--writable needs a token: set {token_env}")
-    if ray is not None:
-        _serve_on_ray(ray, indexes, config, writable=writable, host=host, port=port,
-                      replicas=replicas, cpus=cpus_per_replica, gpus=gpus_per_replica,
-                      device=device, precision=precision, query_precision=query_precision,
-                      query_backend=query_backend, threads=threads, warmup=warmup)
-        return
-    set_threads(threads)
-    holders: dict[str, SearcherHolder] = {}
-    for name, path in indexes.items():  # each index: its own searcher (and query encoder)
-        typer.echo(f"loading index {name!r} from {path} on {device} ({precision}) ...", err=True)
+    # One spec per index, each opened into its own searcher (and query encoder). Warm-up loads
+    # the query encoder and builds the solvers before serving, so /readyz means ready and the
+    # first client does not pay for it.
+    specs: dict[str, SearcherSpec] = {}
+    for name, path in indexes.items():
         try:
-            searcher = Searcher(load_index(path, device=device, precision=precision),
-                                query_precision=query_precision, query_backend=query_backend)
+            specs[name] = SearcherSpec(path, device=device, precision=precision,
+                                       query_precision=query_precision,
+                                       query_backend=query_backend, threads=threads,
+                                       warm_up=warmup)
         except ValueError as e:
             raise typer.BadParameter(f"--index {path}: {e}") from e
-        if warmup:
-            # Load the query encoder and build the solvers now, so /readyz means ready and the
-            # first client does not pay for it.
-            searcher.warm_up(("dense", "hipporag2"))
+    if ray is not None:
+        _serve_on_ray(ray, specs, config, writable=writable, host=host, port=port,
+                      replicas=replicas, cpus=cpus_per_replica, gpus=gpus_per_replica)
+        return
+    holders: dict[str, SearcherHolder] = {}
+    for name, spec in specs.items():
+        path = spec.index
+        typer.echo(f"loading index {name!r} from {path} on {device} ({precision}) ...", err=True)
+        try:
+            searcher = spec.open()
+        except ValueError as e:
+            raise typer.BadParameter(f"--index {path}: {e}") from e
         holders[name] = SearcherHolder(
             searcher, path if writable else None, device=device, llm=llm,
             llm_cache=path.parent / f"{path.name}.llm-cache.sqlite")
@@ -158,24 +165,24 @@ def serve(
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
 
 
-def _serve_on_ray(address: str, indexes: Mapping[str, Path], config: ServerConfig, *,
-                  writable: bool, host: str, port: int, replicas: int, cpus: float, gpus: float,
-                  device: str, precision: str, query_precision: str | None, query_backend: str,
-                  threads: int | None, warmup: bool) -> None:
-    """`serve --ray`: the same app on Ray Serve replicas (hippo_gpu.distributed.ray_serve)."""
-    if len(indexes) != 1:
+def _serve_on_ray(address: str, specs: Mapping[str, SearcherSpec], config: ServerConfig, *,
+                  writable: bool, host: str, port: int, replicas: int, cpus: float,
+                  gpus: float) -> None:
+    """`serve --ray`: the same app on Ray Serve replicas (hippo_gpu.distributed.ray_serve),
+    each opening the one index's spec (an absolute path; threads: the replica's Ray CPUs,
+    rounded, at least 1, unless --threads is given)."""
+    if len(specs) != 1:
         raise typer.BadParameter("--ray serves one index: give a single --index DIR")
     if writable:
         raise typer.BadParameter("--writable is not available with --ray: a write would change "
                                  "one replica's index only")
-    (path,) = indexes.values()
+    (spec,) = specs.values()
+    spec = replace(spec, index=spec.index.resolve(),
+                   threads=spec.threads or max(1, round(cpus)))
     try:
-        from hippo_gpu.distributed.ray_serve import ReplicaSpec, serve_until_signal
+        from hippo_gpu.distributed.ray_serve import serve_until_signal
 
-        spec = ReplicaSpec(str(Path(path).resolve()), config, device=device, precision=precision,
-                           query_precision=query_precision, query_backend=query_backend,
-                           threads=threads or max(1, round(cpus)), warmup=warmup)
-        serve_until_signal(address, spec, host=host, port=port, replicas=replicas,
+        serve_until_signal(address, spec, config, host=host, port=port, replicas=replicas,
                            cpus_per_replica=cpus, gpus_per_replica=gpus,
                            say=lambda line: typer.echo(line, err=True))
     except (ImportError, ValueError, FileNotFoundError, ConnectionError) as e:

@@ -13,7 +13,8 @@ Data flow:
             mean line length of the file's first MiB), Parquet by slices of its row groups (from
             the footer). The plan is saved with the arguments in OUT.parts/ray-run.json.
     answer  Ray Data: from_items(chunks, one block each) -> map_batches(IndexActor,
-            batch_size=1, ActorPoolStrategy(size=N)). Each actor loads the index ONCE; per chunk
+            batch_size=1, ActorPoolStrategy(size=N)). Each actor opens the driver's
+            SearcherSpec ONCE (the index loaded, the query encoder warmed up); per chunk
             it reads the chunk's rows from the query file, checks them with
             hippo_gpu.batch.check_row (the local command's rule), answers them with
             hippo_gpu.batch.answer_rows (the local command's code) in batches of batch_size, and
@@ -41,8 +42,8 @@ written by them, so on a cluster of several machines all three must be on storag
 node mounts at the same path (NFS, a cluster file system). On one machine any local path works.
 
 Resources. Only the actors reserve CPUs (no read or write tasks), so the pool may take every CPU
-of the cluster. Threads per replica are set apart from its Ray CPUs (`threads_per_worker`): Ray's
-CPU count is a reservation, torch's threads are real.
+of the cluster. Threads per replica are set apart from its Ray CPUs (the SearcherSpec's
+`threads`): Ray's CPU count is a reservation, torch's threads are real.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ from hippo_gpu.batch import BatchReport, QueryRow, answer_rows, check_row, write
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
 from hippo_gpu.progress import progress
+from hippo_gpu.searcher_spec import SearcherSpec
 
 __all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
 
@@ -120,36 +122,29 @@ def plan_chunks(queries: Path, part_size: int) -> list[list[int]]:
 
 
 class IndexActor:
-    """One replica: loads the index once (in __init__), then, per call, answers whole chunks of
-    the query file and commits each as one part (see the module docstring).
+    """One replica: opens the searcher once (in __init__), then, per call, answers whole chunks
+    of the query file and commits each as one part (see the module docstring).
 
     Args:
-        index: index directory (readable on this worker's node).
+        spec: the searcher to open (index directory readable on this worker's node, absolute;
+            threads of this replica; warm-up modes, at least "dense", so that the query
+            encoder is loaded and the replica holds its full memory before Ray sends it work).
         index_version: the version the driver planned with (a different one raises).
         queries, kind: the query file and "jsonl" or "parquet".
         parts: OUT.parts, where committed parts go.
         skip_bad: record malformed rows in the part instead of failing the chunk.
-        threads: torch threads of this replica.
-        device, precision: forwarded to load_index.
         mode, top_k, batch_size: as Searcher.rank / the local command.
     """
 
-    def __init__(self, index: str, *, index_version: int | None, queries: str, kind: str,
-                 parts: str, skip_bad: bool, threads: int, device: str, precision: str,
-                 mode: str, top_k: int, batch_size: int) -> None:
-        from hippo_gpu.device import set_threads
-        from hippo_gpu.index import load_index
-        from hippo_gpu.search import Searcher
-
-        set_threads(threads)
+    def __init__(self, spec: SearcherSpec, *, index_version: int | None, queries: str,
+                 kind: str, parts: str, skip_bad: bool, mode: str, top_k: int,
+                 batch_size: int) -> None:
         t0 = time.perf_counter()
-        self.searcher = Searcher(load_index(index, device=device, precision=precision))
+        self.searcher = spec.open()
         if self.searcher.index.version != index_version:
-            raise RuntimeError(f"{index}: version {self.searcher.index.version} loaded, the run "
-                               f"was planned on version {index_version} (a commit in between)")
-        # The query encoder loads on first use: load it now, so a replica is ready (and holds
-        # its full memory) before Ray sends it work.
-        self.searcher.rank(["warm-up"], top_k=1, mode="dense")
+            raise RuntimeError(f"{spec.index}: version {self.searcher.index.version} loaded, "
+                               f"the run was planned on version {index_version} (a commit in "
+                               "between)")
         self.load_seconds = time.perf_counter() - t0
         self.queries, self.kind, self.parts = Path(queries), kind, Path(parts)
         self.skip_bad = skip_bad
@@ -349,21 +344,18 @@ def _open_run(parts: Path, identity: dict[str, Any], queries: Path) -> list[list
 
 
 def retrieve_ray(
-    index: str | Path,
+    spec: SearcherSpec,
     queries: str | Path,
     out: str | Path,
     *,
     workers: int = 1,
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
-    threads_per_worker: int | None = None,
     mode: str = "hipporag2",
     top_k: int = 10,
     batch_size: int = 64,
     part_size: int = 4096,
     skip_bad: bool = False,
-    device: str = "auto",
-    precision: str = "float32",
     max_restarts: int = 3,
     max_task_retries: int = 3,
     show_progress: bool = False,
@@ -374,13 +366,15 @@ def retrieve_ray(
     Data start a local instance).
 
     Args:
-        index: index directory, on storage every worker reads.
+        spec: what every actor opens: its index directory on storage every worker reads (made
+            absolute here), device and precisions; its threads are the torch threads per
+            actor (None: cpus_per_worker rounded, at least 1); with no warm-up modes the
+            actors warm up "dense".
         queries: JSON Lines or Parquet file of rows {"id", "query", "entities"?}.
         out: .jsonl or .parquet; OUT.parts (beside it) holds the parts until the join.
         workers: actors in the pool, one index replica each.
         cpus_per_worker, gpus_per_worker: Ray resources of one actor (a GPU actor loads the
-            index onto the GPU Ray gives it when device is "auto" or "cuda").
-        threads_per_worker: torch threads per actor (default: cpus_per_worker, at least 1).
+            index onto the GPU Ray gives it when the spec's device is "auto" or "cuda").
         part_size: rows per chunk, the unit of work and of commit (about, for JSON Lines).
         max_restarts, max_task_retries: Ray's retries of a dead actor and of its chunks.
         show_progress: a progress bar of answered queries on the driver.
@@ -398,17 +392,18 @@ def retrieve_ray(
         raise ValueError(f"part_size must be < 2**{ROW_BITS}")
     if cpus_per_worker < 0 or gpus_per_worker < 0:
         raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
-    index, queries, out = Path(index).resolve(), Path(queries).resolve(), Path(out).resolve()
+    index, queries, out = spec.index.resolve(), Path(queries).resolve(), Path(out).resolve()
     if not queries.is_file():
         raise FileNotFoundError(f"{queries}: no such query file")
     if not index.is_dir():
         raise FileNotFoundError(f"{index}: no such index directory")
     kind = "parquet" if queries.suffix == ".parquet" else "jsonl"
-    threads = threads_per_worker or max(1, round(cpus_per_worker))
+    spec = replace(spec, index=index, threads=spec.threads or max(1, round(cpus_per_worker)),
+                   warm_up=spec.warm_up_modes or ("dense",))
     cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else None
     if cpus is not None and workers * cpus_per_worker > cpus:
         raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs exceed the cluster's "
-                         f"{cpus:g} CPUs; lower cpus_per_worker (threads_per_worker sets the "
+                         f"{cpus:g} CPUs; lower cpus_per_worker (the spec's threads set the "
                          "torch threads)")
     parts = out.with_name(out.name + ".parts")
     identity = _run_identity(queries, index, kind, mode, top_k, part_size)
@@ -428,11 +423,11 @@ def retrieve_ray(
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
             ds = ds.map_batches(
                 actor_cls,
+                fn_constructor_args=(spec,),
                 fn_constructor_kwargs=dict(
-                    index=str(index), index_version=identity["index_version"],
-                    queries=str(queries), kind=kind, parts=str(parts), skip_bad=skip_bad,
-                    threads=threads, device=device, precision=precision, mode=mode,
-                    top_k=top_k, batch_size=batch_size),
+                    index_version=identity["index_version"], queries=str(queries), kind=kind,
+                    parts=str(parts), skip_bad=skip_bad, mode=mode, top_k=top_k,
+                    batch_size=batch_size),
                 batch_size=1, batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=workers),
                 num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,

@@ -1,12 +1,14 @@
 """The HTTP query server replicated on Ray Serve (`hippo-gpu serve --ray ADDRESS --replicas N`).
 
-Each replica is one Ray actor that loads the index once (`load_index` + `Searcher`, warmed up)
-and serves the plain server's FastAPI app, built in the replica by
-`hippo_gpu.serve.server.create_app(searcher, config)`. So every replica keeps everything the
-plain server does, unchanged: the request schema and its limits (422), the body-size guard (413),
-bearer auth (401), the micro-batcher (hippo_gpu/serve/batcher.py: batches grouped by (mode, top_k,
-return_seeds, with_entities), an error reaching only the request that caused it, 429 when its
-queue is full) and /healthz, /readyz, /v1/stats, /openapi.json. Ray Serve's own `@serve.batch`
+Each replica is one Ray actor that opens the searcher once (`SearcherSpec.open()`: the index
+loaded, the searcher warmed up) and serves the plain server's FastAPI app, built in the replica by
+`hippo_gpu.serve.server.create_app(searcher, config)`; its constructor takes two frozen values,
+pickled by Ray: the SearcherSpec (what to open) and the ServerConfig (how to serve). So every
+replica keeps everything the plain server does, unchanged: the request schema and its limits
+(422), the body-size guard (413), bearer auth (401), the micro-batcher
+(hippo_gpu/serve/batcher.py: batches grouped by (mode, top_k, return_seeds, with_entities), an
+error reaching only the request that caused it, 429 when its queue is full) and /healthz,
+/readyz, /v1/stats, /openapi.json. Ray Serve's own `@serve.batch`
 is not used: it sets one error on every request of a batch and cannot group by mode and top_k.
 
     client --HTTP--> Ray Serve proxy (host:port) --> replica 1: create_app(searcher_1, config)
@@ -36,7 +38,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,70 +47,46 @@ try:
 except ImportError as e:
     raise ImportError("serve --ray needs Ray Serve: pip install 'hippo-gpu[ray]'") from e
 
+from hippo_gpu.searcher_spec import SearcherSpec
 from hippo_gpu.serve.server import ServerConfig, create_app
 from hippo_gpu.store import read_manifest
 
-__all__ = ["ReplicaSpec", "ServeHandle", "deploy", "replica_application", "serve_until_signal"]
+__all__ = ["ServeHandle", "deploy", "replica_application", "serve_until_signal"]
 
 log = logging.getLogger(__name__)
 
 APP_NAME = "hippo-gpu"
 
 
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """What one replica loads and how it serves (the plain `serve` command's options).
-
-    Attributes:
-        index: index directory, absolute, readable at this path on every node.
-        config: the server's limits and token (ServerConfig).
-        device, precision: forwarded to load_index.
-        query_precision, query_backend: forwarded to Searcher.
-        threads: torch threads per replica (None keeps torch's default).
-        warmup: load the encoder and build the solvers before the replica reports ready.
-    """
-
-    index: str
-    config: ServerConfig = field(default_factory=ServerConfig)
-    device: str = "auto"
-    precision: str = "float32"
-    query_precision: str | None = None
-    query_backend: str = "auto"
-    threads: int | None = None
-    warmup: bool = True
-
-
 @serve.ingress()
 class HippoReplica:
-    """One replica: the index loaded once, served by the plain server's app."""
+    """One replica: the searcher opened once, served by the plain server's app.
 
-    def __init__(self, spec: ReplicaSpec) -> None:
-        from hippo_gpu.device import set_threads
-        from hippo_gpu.index import load_index
-        from hippo_gpu.search import Searcher
+    Args:
+        spec: what the replica opens (its index path readable on every node; warm it up, as
+            the plain server does, so /readyz means ready and the first client does not pay).
+        config: the server's limits and token.
+    """
 
-        set_threads(spec.threads)
+    def __init__(self, spec: SearcherSpec, config: ServerConfig) -> None:
         t0 = time.perf_counter()
-        self.searcher = Searcher(load_index(spec.index, device=spec.device,
-                                            precision=spec.precision),
-                                 query_precision=spec.query_precision,
-                                 query_backend=spec.query_backend)
-        if spec.warmup:
-            # As the plain server: /readyz means ready and the first client does not pay.
-            self.searcher.warm_up(("dense", "hipporag2"))
-        self.config = spec.config
+        self.searcher = spec.open()
+        self.config = config
         log.info("replica loaded %s in %.1f s", spec.index, time.perf_counter() - t0)
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_app(self.searcher, self.config)
 
 
-def replica_application(spec: ReplicaSpec, *, replicas: int = 1, cpus_per_replica: float = 1.0,
+def replica_application(spec: SearcherSpec, config: ServerConfig | None = None, *,
+                        replicas: int = 1, cpus_per_replica: float = 1.0,
                         gpus_per_replica: float = 0.0) -> Any:
-    """The Ray Serve application (`serve.run` it): `replicas` copies of HippoReplica(spec).
+    """The Ray Serve application (`serve.run` it): `replicas` copies of
+    HippoReplica(spec, config).
 
     Args:
-        spec: what every replica loads and serves.
+        spec: what every replica opens.
+        config: how every replica serves (default: ServerConfig()).
         replicas: number of replicas (each holds one loaded index).
         cpus_per_replica, gpus_per_replica: Ray resources of one replica.
     """
@@ -116,7 +94,8 @@ def replica_application(spec: ReplicaSpec, *, replicas: int = 1, cpus_per_replic
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if cpus_per_replica < 0 or gpus_per_replica < 0:
         raise ValueError("cpus_per_replica and gpus_per_replica must be >= 0")
-    batcher = spec.config.batcher
+    config = config or ServerConfig()
+    batcher = config.batcher
     deployment = serve.deployment(
         name="HippoReplica",
         num_replicas=replicas,
@@ -127,7 +106,7 @@ def replica_application(spec: ReplicaSpec, *, replicas: int = 1, cpus_per_replic
         # As the plain server: open requests get up to 30 s to finish at shutdown.
         graceful_shutdown_timeout_s=30,
     )(HippoReplica)
-    return deployment.bind(spec)
+    return deployment.bind(spec, config)
 
 
 @dataclass
@@ -144,9 +123,9 @@ class ServeHandle:
             serve.shutdown()
 
 
-def deploy(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1,
-           cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0,
-           name: str = APP_NAME) -> ServeHandle:
+def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str = "127.0.0.1",
+           port: int = 8000, replicas: int = 1, cpus_per_replica: float = 1.0,
+           gpus_per_replica: float = 0.0, name: str = APP_NAME) -> ServeHandle:
     """Deploy the server on the connected Ray cluster and wait until every replica is ready.
 
     Serve's HTTP proxy listens on host:port when this call starts Serve; when Serve already
@@ -158,7 +137,7 @@ def deploy(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000, repl
         ValueError: a relative index path, or Serve already runs with another proxy address.
         RuntimeError: a replica failed to start (Ray's message says why).
     """
-    _check_index(Path(spec.index))
+    _check_index(spec.index)
     running = _serve_http_address()
     if running is not None and running != (host, port):
         raise ValueError(f"Ray Serve already runs on this cluster with its proxy on "
@@ -166,7 +145,7 @@ def deploy(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000, repl
                          "another cluster")
     if running is None:
         serve.start(http_options={"host": host, "port": port})
-    app = replica_application(spec, replicas=replicas, cpus_per_replica=cpus_per_replica,
+    app = replica_application(spec, config, replicas=replicas, cpus_per_replica=cpus_per_replica,
                               gpus_per_replica=gpus_per_replica)
     try:
         serve.run(app, name=name, route_prefix="/")
@@ -177,15 +156,16 @@ def deploy(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 8000, repl
     return ServeHandle(url=f"http://{host}:{port}", name=name, started_serve=running is None)
 
 
-def serve_until_signal(address: str, spec: ReplicaSpec, *, host: str, port: int, replicas: int,
-                       cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0,
+def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | None = None, *,
+                       host: str, port: int, replicas: int, cpus_per_replica: float = 1.0,
+                       gpus_per_replica: float = 0.0,
                        say: Callable[[str], None] = print) -> None:
     """`hippo-gpu serve --ray ADDRESS`: connect to (or, for "local", start) Ray, deploy, serve
     until SIGINT or SIGTERM, then remove the deployment (Ray Serve lets open requests finish)
     and stop what this call started."""
     from hippo_gpu.distributed.cluster import connect
 
-    _check_index(Path(spec.index))
+    _check_index(spec.index)
     # A signal during the deployment is honoured once it is up (then removed at once), so an
     # interrupted start never leaves replicas behind.
     stop = threading.Event()
@@ -194,7 +174,7 @@ def serve_until_signal(address: str, spec: ReplicaSpec, *, host: str, port: int,
     started_ray = False
     try:
         started_ray = connect(address)
-        handle = deploy(spec, host=host, port=port, replicas=replicas,
+        handle = deploy(spec, config, host=host, port=port, replicas=replicas,
                         cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica)
         try:
             say(f"serving {spec.index} on {handle.url} with {replicas} Ray Serve replicas; "
