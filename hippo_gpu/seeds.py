@@ -13,6 +13,7 @@ from torch import Tensor
 
 from hippo_gpu.blockwise import block_rows, scores_against, spans
 from hippo_gpu.config import RetrievalConfig
+from hippo_gpu.device import ppr_dtype
 from hippo_gpu.index import Index
 from hippo_gpu.ranking import minmax_rows, scale_rows, topk_stable
 
@@ -48,7 +49,7 @@ def plan_chunks(index: Index, num_queries: int, cfg: RetrievalConfig,
     when they fit, else aligned blocks). Everything fits at once on small indexes: one chunk.
     """
     budget = cfg.chunk_bytes
-    itemsize = 8 if cfg.dtype == "float64" else 4
+    itemsize = ppr_dtype(cfg).itemsize
     per_col = NODE_VECTORS * itemsize * index.num_nodes + PASSAGE_BYTES * len(index.passage_keys)
     cols = max(1, min(num_queries, budget // max(per_col, 1)))
     if LANES <= cols < num_queries:
