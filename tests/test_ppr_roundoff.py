@@ -104,6 +104,21 @@ def test_stalled_columns_are_certified_in_float64(hub_case, kernel: str, method:
     torch.testing.assert_close(solver(torch.from_numpy(seeds)), solution.scores)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["power", "chebyshev"])
+def test_stalled_columns_are_certified_in_float64_on_cuda(hub_case, method: str) -> None:
+    a, seeds, expected = hub_case
+    tol = 1e-10
+    solver = PPRSolver(_torch_csr(a), dtype=torch.float32, method=method, kernel="torch",
+                       device="cuda", tol=tol)
+    solution = solver.solve(torch.from_numpy(seeds).cuda())
+    assert bool(solution.certified.all()) and bool((solution.bound <= tol).all())
+    assert bool(solution.refined.any()) and solution.scores.is_cuda
+    err = np.abs(solution.scores.double().cpu().numpy() - expected).sum(axis=0)
+    assert bool((err <= solution.bound.double().cpu().numpy() + FLOAT32_OUTPUT).all()), err
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_default_tol_certificates_hold_against_the_direct_solve(hub_case, kernel: str) -> None:
     a, seeds, expected = hub_case
