@@ -38,6 +38,7 @@ from hippo_gpu.embed import (
     hash_encoder_dim,
 )
 from hippo_gpu.graph import (
+    GraphElements,
     build_graph,
     extract_elements,
     fact_text,
@@ -197,64 +198,11 @@ def assemble_index(
         state.triples.clear()
     stages.lap("graph_elements")
 
-    loaded: list[Encoder] = []  # the encoder, loaded on first need
-
-    def get_encoder() -> Encoder:
-        if not loaded:
-            loaded.append(load_encoder())
-        return loaded[0]
-
-    def encode(texts: list[str], old_texts: Sequence[str] | None, old_emb: torch.Tensor | None,
-               what: str) -> torch.Tensor:
-        """[n, D] float32 vectors of texts: copied from the previous version where present."""
-        if old_texts is None and embeddings is not None and \
-                not isinstance(embeddings, PrecomputedEmbeddings):
-            vectors = np.asarray(embeddings(texts, what), dtype=np.float32)
-            if vectors.ndim != 2 or len(vectors) != len(texts):
-                raise ValueError(f"the embedding function returned shape {vectors.shape} for "
-                                 f"{len(texts)} {what}; expected [{len(texts)}, D]")
-            stages.lap(f"embed_{what}")
-            return torch.nn.functional.normalize(torch.from_numpy(vectors), dim=-1)
-        if old_texts is None and isinstance(embeddings, PrecomputedEmbeddings):
-            found_vectors, found = embeddings.lookup(texts, what)
-            out = torch.from_numpy(found_vectors)
-            todo = np.nonzero(~found)[0].tolist()
-            if todo:
-                log.warning("%d of %d %s have no precomputed vector: encoding them with %s",
-                            len(todo), len(texts), what, config.encoder.model)
-        else:
-            row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
-            todo = [i for i, t in enumerate(texts) if t not in row] if row else \
-                list(range(len(texts)))
-            dim = old_emb.shape[1] if old_emb is not None else 0
-            out = torch.zeros((len(texts), dim), dtype=torch.float32)
-            have = [(i, row[t]) for i, t in enumerate(texts) if t in row] if row else []
-            if have and old_emb is not None:
-                dst, src = zip(*have)
-                out[list(dst)] = old_emb.float().cpu()[list(src)]
-        if len(todo) == len(texts):  # nothing copied: no gather and scatter of n rows
-            out = get_encoder().encode(texts, desc=f"embed {what}" if show_progress else None)
-        elif todo:
-            fresh = get_encoder().encode([texts[i] for i in todo],
-                                         desc=f"embed {what}" if show_progress else None)
-            out[todo] = fresh.float().cpu()
-        stages.lap(f"embed_{what}")
-        return out
-
-    prev = previous
-    passage_texts = [p.content for p in state.passages]
-    passage_emb = encode(passage_texts, prev.passage_texts if prev else None,
-                         prev.passage_emb if prev else None, "passages")
-    phrase_emb = encode(elements.phrases, prev.phrases if prev else None,
-                        prev.phrase_emb if prev else None, "phrases")
-    fact_texts = [fact_text(f) for f in elements.facts]
-    fact_emb = encode(fact_texts, [fact_text(f) for f in prev.facts] if prev else None,
-                      prev.fact_emb if prev else None, "facts")
-    del fact_texts
-
+    vectors = _Vectors(config, load_encoder, stages, embeddings, show_progress)
+    emb = _embed_elements(vectors, [p.content for p in state.passages], elements, previous)
     synonyms, knn_info = synonym_edges(
-        elements.phrases, phrase_emb, config.graph, device,
-        previous=_previous_synonyms(prev) if prev is not None else None,
+        elements.phrases, emb.phrases, config.graph, device,
+        previous=_previous_synonyms(previous) if previous is not None else None,
         show_progress=show_progress)
     stages.lap("synonym_knn")
     graph_out = build_graph(elements, synonyms, config.graph)
@@ -262,30 +210,14 @@ def assemble_index(
 
     counts = dict(graph_out.counts)
     counts["synonym_pairs"] = int(len(synonyms.src))
-    malformed = sum(sum(m.values()) for m in state.malformed)
-    by_reason: dict[str, int] = {}
-    for m in state.malformed:
-        for reason, count in m.items():
-            by_reason[reason] = by_reason.get(reason, 0) + count
-    kept = int(per_passage.sum())
-    report = {
-        "passages": len(state.passages),
-        "triples_read": kept + malformed,
-        "triples_kept": kept,
-        "malformed_triples": malformed,
-        "malformed_by_reason": dict(sorted(by_reason.items())),
-        "passages_without_triples": int((per_passage == 0).sum()),
-        "passages_with_error": sum(state.error),
-        **state.extra,
-        "synonym_knn": knn_info,
-    }
+    report = {**_triple_report(state, per_passage), **state.extra, "synonym_knn": knn_info}
     return Index(
         config=config,
         adjacency=graph_out.adjacency,
         passage_nodes=graph_out.passage_nodes,
         passage_keys=[p.key for p in state.passages],
         passage_titles=[p.title for p in state.passages],
-        passage_texts=passage_texts,
+        passage_texts=emb.passage_texts,
         phrases=elements.phrases,
         predicates=elements.predicates,
         facts=elements.facts,
@@ -293,9 +225,9 @@ def assemble_index(
         phrase_passage_counts=torch.from_numpy(phrase_passage_counts(elements).astype(np.int64)),
         incidence_phrase=torch.from_numpy(elements.passage_phrase_phrase),
         incidence_passage=torch.from_numpy(elements.passage_phrase_passage),
-        passage_emb=passage_emb,
-        phrase_emb=phrase_emb,
-        fact_emb=fact_emb,
+        passage_emb=emb.passages,
+        phrase_emb=emb.phrases,
+        fact_emb=emb.facts,
         counts=counts,
         report=report,
         timings=stages.seconds,
@@ -307,6 +239,123 @@ def assemble_index(
         synonym_dst=torch.from_numpy(synonyms.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(synonyms.score.astype(np.float32)),
     )
+
+
+class _Vectors:
+    """[n, D] float32 vectors of texts for assemble_index, from (in this order of preference)
+    the previous version (copied by text), a PrecomputedEmbeddings directory (looked up by
+    text) or an embedding function (every text); what is left is encoded, the encoder loaded
+    on first need. Each call is one stage ("embed_<kind>")."""
+
+    def __init__(self, config: IndexConfig, load_encoder: Callable[[], Encoder], stages: Stages,
+                 embeddings: EmbeddingSource | None, show_progress: bool) -> None:
+        self.config, self.load_encoder, self.stages = config, load_encoder, stages
+        self.embeddings, self.show_progress = embeddings, show_progress
+        self._encoder: Encoder | None = None
+
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            self._encoder = self.load_encoder()
+        return self._encoder
+
+    def __call__(self, texts: list[str], what: str, old_texts: Sequence[str] | None,
+                 old_emb: torch.Tensor | None) -> torch.Tensor:
+        """Vectors of `texts` (`what`: "passages", "phrases" or "facts"); `old_texts` and
+        `old_emb` [n_old, D] are the previous version's (None: no previous version)."""
+        if old_texts is None and self.embeddings is not None and \
+                not isinstance(self.embeddings, PrecomputedEmbeddings):
+            out = self._from_function(self.embeddings, texts, what)
+        else:
+            if old_texts is None and isinstance(self.embeddings, PrecomputedEmbeddings):
+                out, todo = self._precomputed(self.embeddings, texts, what)
+            else:
+                out, todo = _copied(texts, old_texts, old_emb)
+            out = self._encode_rest(texts, what, out, todo)
+        self.stages.lap(f"embed_{what}")
+        return out
+
+    @staticmethod
+    def _from_function(fn: EmbeddingFunction, texts: list[str], what: str) -> torch.Tensor:
+        vectors = np.asarray(fn(texts, what), dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(texts):
+            raise ValueError(f"the embedding function returned shape {vectors.shape} for "
+                             f"{len(texts)} {what}; expected [{len(texts)}, D]")
+        return torch.nn.functional.normalize(torch.from_numpy(vectors), dim=-1)
+
+    def _precomputed(self, source: PrecomputedEmbeddings, texts: list[str],
+                     what: str) -> tuple[torch.Tensor, list[int]]:
+        found_vectors, found = source.lookup(texts, what)
+        todo = np.nonzero(~found)[0].tolist()
+        if todo:
+            log.warning("%d of %d %s have no precomputed vector: encoding them with %s",
+                        len(todo), len(texts), what, self.config.encoder.model)
+        return torch.from_numpy(found_vectors), todo
+
+    def _encode_rest(self, texts: list[str], what: str, out: torch.Tensor,
+                     todo: list[int]) -> torch.Tensor:
+        """`out` with the rows `todo` encoded (all of them: one encode, no scatter)."""
+        desc = f"embed {what}" if self.show_progress else None
+        if len(todo) == len(texts):  # nothing copied: no gather and scatter of n rows
+            return self.encoder().encode(texts, desc=desc)
+        if todo:
+            fresh = self.encoder().encode([texts[i] for i in todo], desc=desc)
+            out[todo] = fresh.float().cpu()
+        return out
+
+
+def _copied(texts: list[str], old_texts: Sequence[str] | None,
+            old_emb: torch.Tensor | None) -> tuple[torch.Tensor, list[int]]:
+    """([n, D] vectors with the rows of texts the previous version holds copied from it, the
+    rows left to encode)."""
+    row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
+    todo = [i for i, t in enumerate(texts) if t not in row] if row else list(range(len(texts)))
+    dim = old_emb.shape[1] if old_emb is not None else 0
+    out = torch.zeros((len(texts), dim), dtype=torch.float32)
+    have = [(i, row[t]) for i, t in enumerate(texts) if t in row] if row else []
+    if have and old_emb is not None:
+        dst, src = zip(*have)
+        out[list(dst)] = old_emb.float().cpu()[list(src)]
+    return out, todo
+
+
+@dataclass
+class _Embedded:
+    passage_texts: list[str]
+    passages: torch.Tensor  # [P, D]
+    phrases: torch.Tensor  # [M, D]
+    facts: torch.Tensor  # [F, D]
+
+
+def _embed_elements(vectors: _Vectors, passage_texts: list[str], elements: GraphElements,
+                    prev: Index | None) -> _Embedded:
+    """Vectors of the passages, phrases and facts of `elements`."""
+    passage_emb = vectors(passage_texts, "passages", prev.passage_texts if prev else None,
+                          prev.passage_emb if prev else None)
+    phrase_emb = vectors(elements.phrases, "phrases", prev.phrases if prev else None,
+                         prev.phrase_emb if prev else None)
+    fact_emb = vectors([fact_text(f) for f in elements.facts], "facts",
+                       [fact_text(f) for f in prev.facts] if prev else None,
+                       prev.fact_emb if prev else None)
+    return _Embedded(passage_texts, passage_emb, phrase_emb, fact_emb)
+
+
+def _triple_report(state: CorpusState, per_passage: np.ndarray) -> dict[str, Any]:
+    """The build report's triple counts (`per_passage` [P]: triples kept per passage)."""
+    malformed = sum(sum(m.values()) for m in state.malformed)
+    by_reason: dict[str, int] = {}
+    for m in state.malformed:
+        for reason, count in m.items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    kept = int(per_passage.sum())
+    return {
+        "passages": len(state.passages),
+        "triples_read": kept + malformed,
+        "triples_kept": kept,
+        "malformed_triples": malformed,
+        "malformed_by_reason": dict(sorted(by_reason.items())),
+        "passages_without_triples": int((per_passage == 0).sum()),
+        "passages_with_error": sum(state.error),
+    }
 
 
 def _previous_synonyms(prev: Index) -> PreviousSynonyms:

@@ -236,6 +236,28 @@ class OpenIEDoc:
     error: str | None = None
     malformed: tuple[tuple[str, int], ...] = ()  # (reason, count) of the triples skipped
 
+    @classmethod
+    def from_raw(cls, entities: Any, triples: Any, error: Any = None) -> OpenIEDoc:
+        """One passage's OpenIE as the file holds it (`extracted_entities`,
+        `extracted_triples`, `error`), checked: well-formed triples kept once each in their
+        order, the others counted by reason in `malformed`; non-string entities and a
+        non-string error dropped. read_openie reads each doc of a file with this."""
+        kept: list[Triple] = []
+        seen: set[Triple] = set()
+        bad: Counter[str] = Counter()
+        for t in triples if isinstance(triples, list) else []:
+            reason = _check_triple(t)
+            if reason is not None:
+                bad[reason] += 1
+                continue
+            tt = (t[0], t[1], t[2])
+            if tt not in seen:
+                seen.add(tt)
+                kept.append(tt)
+        return cls(entities=tuple(e for e in (entities or []) if isinstance(e, str)),
+                   triples=tuple(kept), error=error if isinstance(error, str) else None,
+                   malformed=tuple(sorted(bad.items())))
+
 
 def _check_triple(t: Any) -> str | None:
     """Return why a raw triple is malformed, or None when it is a usable (s, p, o)."""
@@ -280,27 +302,11 @@ def read_openie(
         if key not in wanted:
             report.extra_passages += 1
             continue
-        triples: list[Triple] = []
-        seen: set[Triple] = set()
-        bad: Counter[str] = Counter()
         raw = d.get("extracted_triples") or []
-        if not isinstance(raw, list):
-            raw = []
-        for t in raw:
-            report.triples_read += 1
-            reason = _check_triple(t)
-            if reason is not None:
-                report.malformed_triples[reason] += 1
-                bad[reason] += 1
-                continue
-            tt = (t[0], t[1], t[2])
-            if tt not in seen:
-                seen.add(tt)
-                triples.append(tt)
-        ents = tuple(e for e in (d.get("extracted_entities") or []) if isinstance(e, str))
-        error = d.get("error") if isinstance(d.get("error"), str) else None
-        by_key[key] = OpenIEDoc(entities=ents, triples=tuple(triples), error=error,
-                                malformed=tuple(sorted(bad.items())))
+        doc = OpenIEDoc.from_raw(d.get("extracted_entities"), raw, d.get("error"))
+        report.triples_read += len(raw) if isinstance(raw, list) else 0
+        report.malformed_triples.update(dict(doc.malformed))
+        by_key[key] = doc
     missing = [p.content for p in corpus if p.key not in by_key]
     if missing and not allow_missing:
         raise CoverageError(missing)

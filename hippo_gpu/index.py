@@ -270,48 +270,8 @@ def load_index(
     if dim is not None and e["passage"].shape[1] != dim:
         raise IndexFormatError(f"{path}: embeddings have dim {e['passage'].shape[1]}, "
                                f"manifest says {dim}")
-    n = int(g["adjacency_crow"].numel() - 1)
-    adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
     try:
-        phrases, predicates = t["phrases"], t["predicates"]
-        fact_phrases = g["fact_phrases"]
-        spo = np.stack([fact_phrases[:, 0].numpy(), g["fact_predicate"].numpy(),
-                        fact_phrases[:, 1].numpy()], axis=1).reshape(-1, 3)
-        facts = FactTable(phrases, predicates, spo)
-        p = len(t["passage_keys"])
-        malformed: list[dict[str, int]] = [{} for _ in range(p)]
-        for row, m in t["passage_malformed"].items():
-            malformed[int(row)] = m
-        index = Index(
-            config=config,
-            adjacency=adjacency,
-            passage_nodes=g["passage_nodes"],
-            passage_keys=t["passage_keys"],
-            passage_titles=t["passage_titles"],
-            passage_texts=t["passage_texts"],
-            phrases=phrases,
-            predicates=predicates,
-            facts=facts,
-            fact_phrases=fact_phrases,
-            phrase_passage_counts=g["phrase_passage_counts"],
-            incidence_phrase=g["incidence_phrase"],
-            incidence_passage=g["incidence_passage"],
-            passage_emb=e["passage"],
-            phrase_emb=e["phrase"],
-            fact_emb=e["fact"],
-            counts=manifest.get("counts", {}),
-            report=manifest.get("openie_report", {}),
-            timings=manifest.get("build_seconds", {}),
-            passage_triples=PassageTriples(facts, g["passage_triple_ptr"].numpy(),
-                                           g["passage_triple_fact"].numpy()),
-            passage_malformed=malformed,
-            passage_error=[bool(x) for x in g["passage_error"].tolist()],
-            synonym_src=g["synonym_src"],
-            synonym_dst=g["synonym_dst"],
-            synonym_score=g["synonym_score"],
-            path=Path(path),
-            version=manifest.get("version"),
-        )
+        index = _index_of(Path(path), manifest, config, g, e, t)
     except KeyError as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
     if not isinstance(t["passage_texts"], StringTable) or \
@@ -320,3 +280,50 @@ def load_index(
     precision_dtype(precision)  # validate before moving anything
     dev = resolve_device(device)
     return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
+
+
+def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
+              g: dict[str, torch.Tensor], e: dict[str, torch.Tensor],
+              t: dict[str, Any]) -> Index:
+    """The Index of one read version: `g` its graph tensors, `e` its embeddings, `t` its
+    tables and string tables (store.read_index_dir). A missing entry raises KeyError."""
+    n = int(g["adjacency_crow"].numel() - 1)
+    adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
+    phrases, predicates = t["phrases"], t["predicates"]
+    fact_phrases = g["fact_phrases"]
+    spo = np.stack([fact_phrases[:, 0].numpy(), g["fact_predicate"].numpy(),
+                    fact_phrases[:, 1].numpy()], axis=1).reshape(-1, 3)
+    facts = FactTable(phrases, predicates, spo)
+    malformed: list[dict[str, int]] = [{} for _ in range(len(t["passage_keys"]))]
+    for row, m in t["passage_malformed"].items():
+        malformed[int(row)] = m
+    return Index(
+        config=config,
+        adjacency=adjacency,
+        passage_nodes=g["passage_nodes"],
+        passage_keys=t["passage_keys"],
+        passage_titles=t["passage_titles"],
+        passage_texts=t["passage_texts"],
+        phrases=phrases,
+        predicates=predicates,
+        facts=facts,
+        fact_phrases=fact_phrases,
+        phrase_passage_counts=g["phrase_passage_counts"],
+        incidence_phrase=g["incidence_phrase"],
+        incidence_passage=g["incidence_passage"],
+        passage_emb=e["passage"],
+        phrase_emb=e["phrase"],
+        fact_emb=e["fact"],
+        counts=manifest.get("counts", {}),
+        report=manifest.get("openie_report", {}),
+        timings=manifest.get("build_seconds", {}),
+        passage_triples=PassageTriples(facts, g["passage_triple_ptr"].numpy(),
+                                       g["passage_triple_fact"].numpy()),
+        passage_malformed=malformed,
+        passage_error=[bool(x) for x in g["passage_error"].tolist()],
+        synonym_src=g["synonym_src"],
+        synonym_dst=g["synonym_dst"],
+        synonym_score=g["synonym_score"],
+        path=path,
+        version=manifest.get("version"),
+    )

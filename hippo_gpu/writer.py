@@ -21,18 +21,25 @@ integers (vectorised numpy), plus writing the new version.
 
 Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
 a commit is store.write_version (new files, fsync, then an atomic manifest switch); readers keep
-the version they loaded. Validation happens before anything is written: inserting a passage the
-index (or this writer) already holds is a no-op, deleting an unknown key is a KeyError naming it
-and changes nothing, malformed input raises DataFormatError and changes nothing.
+the version they loaded. `commit()` returns the new version as an `Index` (the one it computed,
+not a reload: equal to `load_index` of it), and the writer keeps it as its base: a writer
+reopened after `close()` reads the index from disk again only if the manifest no longer names
+that version (same files, same checksums), so a long-lived writer (the server's) reads the index
+once, not once per change; it holds that version in host memory (float32) meanwhile.
+
+Validation happens before anything is written: inserting a passage the index (or this writer)
+already holds is a no-op, deleting an unknown key is a KeyError naming it and changes nothing,
+malformed input raises DataFormatError and changes nothing.
 
     with IndexWriter("my_index") as w:      # lock; commit on a clean exit, discard on error
-        w.insert(passages, openie)
+        w.insert(passages, openie)          # or w.insert_docs(passages, docs): OpenIEDoc objects
         w.delete(["chunk-..."])
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hippo_gpu.build import CorpusState, Stages, assemble_index, corpus_state
-from hippo_gpu.data import DataFormatError, Passage, as_passages, read_openie
+from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage, as_passages, read_openie
 from hippo_gpu.device import resolve_device
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.index import Index, load_index
@@ -97,14 +104,17 @@ class IndexWriter:
         self.on_step = on_step
         self._lock: contextlib.ExitStack | None = None
         self._base: Index | None = None
+        self._base_files: dict[str, Any] | None = None  # the manifest's files of _base's version
         self._state: CorpusState | None = None
         self._skipped = 0
         self._encoder: Encoder | None = encoder
+        self._last_change: ChangeReport | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> IndexWriter:
-        """Take the writer lock, clear a killed writer's leftovers, load the current version."""
+        """Take the writer lock, clear a killed writer's leftovers, load the current version
+        (unless this writer holds it already: the version it loaded or committed last)."""
         if self._lock is not None:
             return self
         read_manifest(self.index_dir)  # not an index: raise before the lock creates anything
@@ -112,7 +122,11 @@ class IndexWriter:
         stack.enter_context(writer_lock(self.index_dir))
         try:
             collect_garbage(self.index_dir)
-            self._base = load_index(self.index_dir, device="cpu")
+            files = read_manifest(self.index_dir).get("files")
+            if self._base is None or files != self._base_files:
+                self._base, self._base_files = None, None
+                self._base = load_index(self.index_dir, device="cpu")
+                self._base_files = files
             if self._encoder is not None and \
                     self._encoder.config.identity() != self._base.config.encoder.identity():
                 raise ValueError(
@@ -164,6 +178,13 @@ class IndexWriter:
         return self._require_base()
 
     @property
+    def last_change(self) -> ChangeReport:
+        """What this writer's last commit changed, and its time per stage."""
+        if self._last_change is None:
+            raise RuntimeError("this writer has not committed yet")
+        return self._last_change
+
+    @property
     def pending(self) -> bool:
         """Whether inserts or deletes are waiting for a commit."""
         base, state = self._require_base(), self._state
@@ -173,27 +194,53 @@ class IndexWriter:
 
     def insert(self, corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]],
                openie: str | Path | dict[str, Any]) -> int:
-        """Stage passages and their OpenIE output (the same formats build_index reads).
+        """Stage passages and their OpenIE output (the same formats build_index reads): the
+        OpenIE of the new passages is read (data.read_openie), then staged by `insert_docs`.
 
         Passages already present (same title and text) are skipped. Returns how many are new.
         Raises DataFormatError (nothing staged) for malformed input or an OpenIE file that lacks
         a new passage.
         """
         self._require_base()
-        assert self._state is not None
         passages = as_passages(corpus)
-        present = {p.key for p in self._state.passages}
-        new = [p for p in passages if p.key not in present]
+        new = self._unseen(passages)
         self._skipped += len(passages) - len(new)
         if not new:
             return 0
         docs, _report = read_openie(openie, new)  # raises before anything is staged
-        add = corpus_state(new, docs)
+        return self.insert_docs(new, docs)
+
+    def insert_docs(self, passages: Sequence[Passage], docs: Sequence[OpenIEDoc]) -> int:
+        """Stage passages with their OpenIE as objects: `docs[i]` is the OpenIE of
+        `passages[i]` (OpenIEDoc.from_raw checks raw triples as the file reader does).
+
+        Passages already present are skipped. Returns how many are new. Raises DataFormatError
+        (nothing staged) for duplicate passages or a docs list of another length.
+        """
+        self._require_base()
+        assert self._state is not None
+        passages = as_passages(passages)
+        if len(docs) != len(passages):
+            raise DataFormatError(f"{len(passages)} passage(s) but {len(docs)} OpenIE doc(s)")
+        if not all(isinstance(d, OpenIEDoc) for d in docs):
+            raise TypeError("docs must be OpenIEDoc objects (OpenIEDoc.from_raw makes them)")
+        new = {p.key for p in self._unseen(passages)}
+        self._skipped += len(passages) - len(new)
+        if not new:
+            return 0
+        add = corpus_state([p for p in passages if p.key in new],
+                           [d for p, d in zip(passages, docs) if p.key in new])
         self._state.passages += add.passages
         self._state.triples += add.triples
         self._state.malformed += add.malformed
         self._state.error += add.error
         return len(new)
+
+    def _unseen(self, passages: Sequence[Passage]) -> list[Passage]:
+        """The passages neither the index nor this writer's staged changes hold."""
+        assert self._state is not None
+        present = {p.key for p in self._state.passages}
+        return [p for p in passages if p.key not in present]
 
     def delete(self, keys: Sequence[str]) -> int:
         """Stage the removal of passages by key ("chunk-<md5>"). An unknown key raises KeyError
@@ -232,8 +279,10 @@ class IndexWriter:
 
     # -- commit ------------------------------------------------------------------------------------
 
-    def commit(self) -> ChangeReport:
-        """Compute the new version from the staged changes and commit it atomically."""
+    def commit(self) -> Index:
+        """Compute the new version from the staged changes, commit it atomically and return
+        it (on CPU, float32: what `load_index` of the new version gives; `last_change` says
+        what changed). The writer keeps it as the base of its next changes."""
         base = self._require_base()
         assert self._state is not None
         stages = Stages()
@@ -254,16 +303,20 @@ class IndexWriter:
         stages.lap("assemble")
         write_version(self.index_dir, *new.payload(), on_step=self.on_step)
         stages.lap("save")
+        manifest = read_manifest(self.index_dir)  # under the lock: the version just written
+        new.path, new.version = self.index_dir, manifest.get("version")
+        new.report = json.loads(json.dumps(new.report))  # as stored (JSON keys are strings)
         report = _diff(base, new)
         report.skipped_present = self._skipped
         report.synonym_phrases_recomputed = int(
             new.report["synonym_knn"].get("recomputed_phrases", 0))
         new.timings = stages.seconds
         report.stage_seconds = stages.seconds
-        self._base = load_index(self.index_dir, device="cpu")
-        report.version = self._base.version
+        report.version = new.version
+        self._base, self._base_files = new, manifest.get("files")
+        self._last_change = report
         self._reset()
-        return report
+        return new
 
 
 def _diff(old: Index, new: Index) -> ChangeReport:

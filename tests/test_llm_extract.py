@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hippo_gpu.data import as_passages, read_openie
 from hippo_gpu.llm.backends import (
     Backend,
     BackendSpecError,
@@ -111,6 +112,7 @@ def test_extract_writes_v2_json_with_failures(tmp_path: Path) -> None:
     # ["Alpha", "x"], and the cut-off ["Gam" closed as []
     assert report.parse.repairs["wrong_arity"] == 2 and report.parse.repairs["duplicate"] == 1
     assert report.requests == 5 and report.completion_tokens == 100
+    assert report.docs == read_openie(out, as_passages(CORPUS))[0]  # the file, as objects
     # The triple prompt is conditioned on the NER output.
     assert '["Alpha", "Beta", "1901"]' in backend.requests[3].messages[-1]["content"]
 
@@ -126,6 +128,21 @@ def test_extract_writes_v2_json_with_failures(tmp_path: Path) -> None:
     doc2 = json.loads(out.read_text())
     assert doc2["docs"][2]["extracted_triples"] == [["Epsilon", "wrote", "Zeta"]]
     assert not any("error" in d for d in doc2["docs"])
+
+
+def test_extract_without_a_file_returns_the_docs(tmp_path: Path) -> None:
+    """out_path=None: no OpenIE file, the same docs (the server's path); a cache is needed."""
+    with_file = extract_openie(CORPUS, RecordedBackend(recorded), tmp_path / "o.json",
+                               show_progress=False)
+    cache = tmp_path / "no-file" / "c.sqlite"
+    cache.parent.mkdir()
+    no_file = extract_openie(CORPUS, RecordedBackend(recorded), None, cache_path=cache,
+                             show_progress=False)
+    assert no_file.docs == with_file.docs and no_file.docs[2].error == "ner:no_json"
+    assert no_file.out_path == "" and "docs" not in no_file.as_dict()
+    assert not list(cache.parent.glob("*.json"))
+    with pytest.raises(ValueError, match="cache_path"):
+        extract_openie(CORPUS, RecordedBackend(recorded), None, show_progress=False)
 
 
 def test_cache_key_covers_template_model_params(tmp_path: Path) -> None:

@@ -161,3 +161,46 @@ def test_writes_go_to_the_named_index(setup, sample_searcher) -> None:
         assert r.status_code == 200 and r.json()["passages_removed"] == 5
     assert len(holder.current.index.passage_keys) == 25
     assert list(other.current.index.passage_keys) == ref_keys
+
+
+def test_a_write_reads_the_index_at_most_once(setup, sample_searcher, monkeypatch) -> None:
+    """Each write request reads the index from disk at most once (the holder's one writer reads
+    it on its first write, later writes build on the Index it committed), and the answers
+    served after the writes equal a fresh build's."""
+    import hippo_gpu.index as index_module
+
+    holder, new, full, index_dir = setup
+    reads: list[Path] = []
+    real_read = index_module.read_index_dir
+    monkeypatch.setattr(index_module, "read_index_dir",
+                        lambda path, **kw: reads.append(Path(path)) or real_read(path, **kw))
+    queries = ["Who designed the lighthouse on Skerrow?", "Where is the observatory?"]
+    per_request = []
+    with serving(create_app(holder, ServerConfig(token=TOKEN))) as url, \
+            httpx.Client(base_url=url, timeout=120) as c:
+        for method, body in (("POST", {"passages": new[:2]}), ("POST", {"passages": new[2:]}),
+                             ("POST", {"passages": new}),  # all present: a no-op
+                             ("DELETE", {"keys": full.passage_keys[:1]}),
+                             ("POST", {"passages": [{"title": full.passage_titles[0],
+                                                     "text": full.passage_texts[0].split(
+                                                         "\n", 1)[1], "triples": []}]})):
+            before = len(reads)
+            r = c.request(method, "/v1/passages", headers=AUTH, json=body)
+            assert r.status_code == 200, r.text
+            per_request.append(len(reads) - before)
+            if len(per_request) == 2:  # the full corpus: compare with the fresh build
+                served = c.post("/v1/retrieve", headers=AUTH,
+                                json={"queries": queries, "top_k": 30, "mode": "hipporag2"})
+                assert served.status_code == 200, served.text
+                assert holder.current.index.version == 3
+                assert list(holder.current.index.passage_keys) == list(full.passage_keys)
+    assert per_request == [1, 0, 0, 0, 0], per_request
+    want = Searcher(full, encoder=sample_searcher.encoder).retrieve(queries, top_k=30,
+                                                                    mode="hipporag2")
+    for got_hits, want_hits in zip(served.json()["results"], want):
+        got_scores = {h["key"]: h["score"] for h in got_hits}
+        assert got_scores.keys() == {h.key for h in want_hits}
+        for h in want_hits:  # every passage's score: no ranking tie can hide a difference
+            assert abs(got_scores[h.key] - h.score) <= 1e-5, h.key
+    # the last write re-added the deleted passage (without triples): what a reload serves
+    assert load_index(index_dir, device="cpu").stats() == holder.current.index.stats()

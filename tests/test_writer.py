@@ -294,7 +294,8 @@ def test_random_changes_equal_a_fresh_build(graph_name, enc, sample):
                         w = IndexWriter(index_dir, device="cpu", encoder=enc).open()
                         assert not w.pending
                     if w.pending and data.draw(st.booleans(), label="commit"):
-                        report = w.commit()
+                        w.commit()
+                        report = w.last_change
                         version += 1
                         committed = list(model)
                         assert report.version == version == manifest_version(index_dir)
@@ -318,7 +319,8 @@ def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
     added = sample["corpus"][20:]
     with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
         assert w.insert(added, sample["openie_path"]) == 10
-        report = w.commit()
+        w.commit()
+        report = w.last_change
         assert (report.passages_added, report.passages_removed) == (10, 0)
         assert report.phrases_added > 0 and report.facts_added > 0
         assert_same_index(w.index, build(enc, sample, sample["corpus"]))
@@ -327,6 +329,61 @@ def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
     want = load_index(base_dir, device="cpu")
     assert_same_index(got, want)
     assert_same_rankings(got, want, enc, sample["questions"])
+
+
+def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, monkeypatch):
+    """commit() returns the Index it committed, equal to load_index of the new version (counts,
+    report, keys, tables, adjacency, synonyms); the writer builds on it when reopened, reading
+    the index from disk again only after another writer changed it."""
+    import hippo_gpu.writer as writer_module
+    from hippo_gpu.data import OpenIEDoc, read_openie
+
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    corpus = sample["corpus"]
+    reads: list[Path] = []
+    real_load = writer_module.load_index
+    monkeypatch.setattr(writer_module, "load_index",
+                        lambda path, **kw: reads.append(path) or real_load(path, **kw))
+    w = IndexWriter(index_dir, device="cpu", encoder=enc)
+    with w:
+        w.insert(corpus[20:23], sample["openie_path"])
+        w.delete([corpus[3].key])
+        got = w.commit()
+        assert got is w.index and w.last_change.version == got.version == 2
+    want = load_index(index_dir, device="cpu")
+    assert (got.version, got.path, got.precision) == (want.version, want.path, want.precision)
+    assert got.counts == want.counts and got.report == want.report
+    assert got.config == want.config and got.predicates == want.predicates
+    assert got.passage_titles == want.passage_titles
+    assert got.passage_malformed == want.passage_malformed
+    assert got.passage_error == want.passage_error
+    assert_same_index(got, want)
+    for part in ("crow_indices", "col_indices", "values"):
+        assert torch.equal(getattr(got.adjacency, part)(), getattr(want.adjacency, part)()), part
+    for name in ("passage_nodes", "incidence_phrase", "incidence_passage", "synonym_src",
+                 "synonym_dst", "synonym_score"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert reads == [index_dir]  # the first open only
+
+    # reopened: builds on the committed Index (no read); structured docs insert as a file does
+    new = corpus[23:26]
+    docs, _ = read_openie(docs_for(sample, new), new)
+    raw = {d["idx"]: d for d in sample["openie"]["docs"]}
+    assert docs == [OpenIEDoc.from_raw(raw[p.key]["extracted_entities"],
+                                       raw[p.key]["extracted_triples"]) for p in new]
+    with w:
+        assert w.insert_docs(new + corpus[:1], docs + docs[:1]) == 3  # corpus[0] is present
+        assert w.commit() is w.index
+    assert reads == [index_dir]
+    order = [p for p in corpus[:23] if p != corpus[3]] + new
+    assert_same_index(load_index(index_dir, device="cpu"), build(enc, sample, order))
+
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as other:  # another writer commits
+        other.delete([corpus[4].key])
+    before = len(reads)
+    with w:
+        assert w.index.version == 4 and corpus[4].key not in w.index.passage_keys
+    assert len(reads) == before + 1  # read again: the manifest names another version
 
 
 # -- errors change nothing ---------------------------------------------------------------------
@@ -526,7 +583,8 @@ def test_readers_during_commits_see_one_consistent_version(enc, sample, base_dir
                     w.insert(passages, docs_for(sample, passages))
                 else:
                     w.delete([p.key for p in passages])
-                report = w.commit()
+                w.commit()
+                report = w.last_change
                 versions[report.version] = list(w.index.passage_keys)
                 time.sleep(0.1)
     finally:

@@ -143,7 +143,8 @@ def insert(
             if not added:
                 console.print(f"nothing to insert: all {len(passages)} passage(s) are present")
                 return
-            report = w.commit()
+            w.commit()
+            report = w.last_change
     except (DataFormatError, IndexFormatError, WriterLockedError, OSError, KeyError) as e:
         fail(str(e))
     console.print(_change_table(report, f"inserted into {path} (version {report.version})"))
@@ -179,7 +180,8 @@ def delete(
                 w.delete(lines)
             else:
                 w.delete_titles(lines)
-            report = w.commit()
+            w.commit()
+            report = w.last_change
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e))
     except (DataFormatError, IndexFormatError, WriterLockedError, OSError) as e:

@@ -18,11 +18,11 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.data import Passage, as_passages
+from hippo_gpu.data import OpenIEDoc, Passage, as_passages
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, make_backend
 from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities, parse_triples
@@ -94,7 +94,9 @@ class ExtractReport:
 
     `done` passages were extracted by this run, `cached` came from the cache, `failed` are in
     the output with an `error` (reasons in `failures`); parse rejections and repairs are counted
-    by reason in `parse`. Throughput counts this run's LLM work only.
+    by reason in `parse`. Throughput counts this run's LLM work only. `docs` (filled by
+    extract_openie) is the output itself: one OpenIEDoc per passage in corpus order, what
+    read_openie gives for the file written (not part of `as_dict`).
     """
 
     passages: int = 0
@@ -109,6 +111,7 @@ class ExtractReport:
     seconds: float = 0.0
     out_path: str = ""
     cache_path: str = ""
+    docs: list[OpenIEDoc] = field(default_factory=list, repr=False)
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -131,7 +134,8 @@ class ExtractReport:
                 f"{self.tokens_per_s:.1f} tokens/s; parse rejections {dict(self.parse.rejected)}")
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = asdict(replace(self, docs=[]))
+        del out["docs"]
         out["failures"] = dict(self.failures)
         out["parse"] = self.parse.as_dict()
         out["passages_per_s"] = round(self.passages_per_s, 4)
@@ -235,7 +239,7 @@ class _Run:
 def extract_openie(
     corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]],
     backend_spec: str | Backend,
-    out_path: str | Path,
+    out_path: str | Path | None,
     *,
     cache_path: str | Path | None = None,
     config: OpenIEConfig | None = None,
@@ -243,13 +247,14 @@ def extract_openie(
     show_progress: bool = True,
     backend_options: dict[str, Any] | None = None,
 ) -> ExtractReport:
-    """Run OpenIE over every passage not already in the cache; write the v2 JSON atomically.
+    """Run OpenIE over every passage not already in the cache; return the docs in the report
+    and write the v2 JSON atomically (unless `out_path` is None).
 
     Args:
         corpus: corpus JSON path, or passages ({title, text} dicts or `Passage` objects).
         backend_spec: "openai:MODEL@URL", "vllm:MODEL", "local:smollm2", or a `Backend`
             (which the caller keeps and closes).
-        out_path: OpenIE JSON to write.
+        out_path: OpenIE JSON to write, or None to write no file (then `cache_path` is needed).
         cache_path: SQLite cache; default `<out_path>.cache.sqlite`.
         config: generation settings (part of the cache key).
         wave_size: passages sent to the backend per batch; at most one wave's in-flight
@@ -258,14 +263,18 @@ def extract_openie(
         backend_options: forwarded to `make_backend` when `backend_spec` is a string.
 
     Returns:
-        ExtractReport (counts, failures by reason, parse statistics, throughput).
+        ExtractReport (the docs, counts, failures by reason, parse statistics, throughput).
     """
     if wave_size < 1:
         raise ValueError(f"wave_size must be >= 1, got {wave_size}")
     passages = as_passages(corpus)
-    out_path = Path(out_path)
-    cache_file = Path(cache_path) if cache_path is not None else \
-        out_path.with_name(out_path.name + ".cache.sqlite")
+    out_path = Path(out_path) if out_path is not None else None
+    if cache_path is not None:
+        cache_file = Path(cache_path)
+    elif out_path is not None:
+        cache_file = out_path.with_name(out_path.name + ".cache.sqlite")
+    else:
+        raise ValueError("extract_openie needs a cache_path when it writes no out_path")
     cfg = config or OpenIEConfig()
     owns_backend = not isinstance(backend_spec, Backend)
     backend = make_backend(backend_spec, **(backend_options or {}))
@@ -274,7 +283,7 @@ def extract_openie(
             run = _Run(backend, cache, cfg)
             report = run.report
             report.passages, report.out_path, report.cache_path = (
-                len(passages), str(out_path), str(cache_file))
+                len(passages), str(out_path or ""), str(cache_file))
             run.t0 = time.perf_counter()
             triples_entries = cache.get_many([run.triple_key(p) for p in passages])
             todo: list[Passage] = []
@@ -306,7 +315,9 @@ def extract_openie(
                         run.run_triples(ready, entities, bar)
             report.seconds = time.perf_counter() - run.t0
             report.failed = len(run.errors)
-            write_openie(out_path, passages, run.results, run.errors)
+            if out_path is not None:
+                write_openie(out_path, passages, run.results, run.errors)
+            report.docs = openie_docs(passages, run.results, run.errors)
     finally:
         if owns_backend:
             backend.close()
@@ -341,6 +352,16 @@ def openie_document(
         "avg_ent_chars": round(sum(len(e) for e in all_entities) / n, 4) if n else 0.0,
         "avg_ent_words": round(sum(len(e.split()) for e in all_entities) / n, 4) if n else 0.0,
     }
+
+
+def openie_docs(
+    passages: Sequence[Passage],
+    results: dict[str, dict[str, Any]],
+    errors: dict[str, str],
+) -> list[OpenIEDoc]:
+    """The docs of `openie_document`, checked as read_openie checks them in the file."""
+    return [OpenIEDoc.from_raw(d["extracted_entities"], d["extracted_triples"], d.get("error"))
+            for d in openie_document(passages, results, errors)["docs"]]
 
 
 def write_openie(

@@ -3,9 +3,14 @@
 Readers never wait for a writer and never see a mix: the server answers each batch with the
 `Searcher` it finds in `SearcherHolder.current` when the batch starts, and a write replaces that
 reference only after its commit, with a searcher over the new version (reusing the query
-encoder). Writes are serialised (one at a time per process; the index's flock also keeps out
-writers in other processes) and run on a worker thread, so queries keep being answered during a
-write. These routes exist only when the server has a token and an index directory to write.
+encoder). The new version is the `Index` the commit computed, moved to the searcher's device:
+each holder keeps one `IndexWriter`, which reads the index from disk on its first write and
+again only after another process changed it, so a write request reads the index at most once
+(posted triples go in as `OpenIEDoc` objects, LLM extraction hands back its docs: no OpenIE
+file is written or read). Writes are serialised (one at a time per process; the index's flock
+also keeps out writers in other processes) and run on a worker thread, so queries keep being
+answered during a write. These routes exist only when the server has a token and an index
+directory to write.
 
 With several indexes, a request's optional "index" names the one to change (default: the server's
 default index, the first); an index served without a directory is read-only (409), an unknown name
@@ -15,6 +20,7 @@ is 404. Each index has its own holder and writer lock, so a write switches only 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,8 +29,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from hippo_gpu.data import DataFormatError, Passage
-from hippo_gpu.index import load_index
+from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
 from hippo_gpu.search import Searcher
 from hippo_gpu.store import WriterLockedError
 from hippo_gpu.writer import IndexWriter
@@ -33,7 +38,9 @@ __all__ = ["DeleteRequest", "InsertRequest", "SearcherHolder", "write_router"]
 
 
 class SearcherHolder:
-    """The searcher queries use now; replaced atomically after each committed write."""
+    """The searcher queries use now; replaced atomically after each committed write. Its one
+    IndexWriter (made on the first write) keeps the last committed version in host memory
+    (float32) between writes, so the next write reads nothing from disk."""
 
     def __init__(self, searcher: Searcher, index_dir: str | Path | None = None,
                  device: str = "auto", llm: str | None = None,
@@ -44,6 +51,7 @@ class SearcherHolder:
         self.llm = llm  # OpenIE for passages posted without triples
         self.llm_cache = llm_cache
         self._write_lock = threading.Lock()
+        self._writer: IndexWriter | None = None  # the one writer of index_dir, made on first use
 
     @property
     def current(self) -> Searcher:
@@ -56,13 +64,16 @@ class SearcherHolder:
             raise RuntimeError("this server has no index directory to write")
         with self._write_lock:
             old = self._searcher
-            with IndexWriter(self.index_dir, device=self.device) as w:
+            if self._writer is None:
+                self._writer = IndexWriter(self.index_dir, device=self.device)
+            with self._writer as w:  # the lock for this write only: other processes may write
                 changed = apply(w)
                 if not w.pending:
                     return {"changed": False, "skipped_present": changed,
                             "version": old.index.version}
-                report = w.commit()
-            index = load_index(self.index_dir, device=old.device, precision=old.index.precision)
+                committed = w.commit()
+                report = w.last_change
+            index = committed.to(old.device, old.index.precision)
             self._searcher = Searcher(index, old.config,
                                       query_precision=old.encoder_config.precision,
                                       query_batch_size=old.encoder_config.query_batch_size,
@@ -102,35 +113,36 @@ class DeleteRequest(BaseModel):
     index: str | None = _INDEX_FIELD
 
 
-def _openie_of(passages: list[PassageIn], holder: SearcherHolder) -> dict[str, Any]:
-    """OpenIE docs of the posted passages: their own triples, else the server's LLM's."""
-    missing = [p for p in passages if p.triples is None]
-    extracted: dict[str, dict[str, Any]] = {}
+def _docs_of(passages: list[PassageIn], holder: SearcherHolder) -> list[OpenIEDoc]:
+    """OpenIE of the posted passages, in their order: their own triples, else the server's
+    LLM's (extracted into the holder's LLM cache; no OpenIE file)."""
+    contents = [Passage(title=p.title, text=p.text) for p in passages]
+    missing = [c for c, p in zip(contents, passages) if p.triples is None]
+    extracted: dict[str, OpenIEDoc] = {}
     if missing:
         if holder.llm is None:
             raise DataFormatError(
                 f"{len(missing)} passage(s) without 'triples', and this server has no --llm to "
                 "extract them")
-        import json
-        import tempfile
+        extracted = dict(zip((c.key for c in missing), _extract(missing, holder)))
+    return [extracted[c.key] if p.triples is None else OpenIEDoc.from_raw(p.entities, p.triples)
+            for c, p in zip(contents, passages)]
 
-        from hippo_gpu.llm.extract import extract_openie
 
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "openie.json"
-            extract_openie([{"title": p.title, "text": p.text} for p in missing], holder.llm,
-                           out, cache_path=holder.llm_cache, show_progress=False)
-            for d in json.loads(out.read_text())["docs"]:
-                extracted[d["idx"]] = d
-    docs = []
-    for p in passages:
-        content = Passage(title=p.title, text=p.text)
-        if p.triples is None:
-            docs.append(extracted[content.key])
-        else:
-            docs.append({"idx": content.key, "passage": content.content,
-                         "extracted_entities": p.entities, "extracted_triples": p.triples})
-    return {"docs": docs}
+def _extract(passages: list[Passage], holder: SearcherHolder) -> list[OpenIEDoc]:
+    """The server LLM's OpenIE of `passages`; a holder without an LLM cache gets a temporary
+    one (per request, as before)."""
+    import tempfile
+
+    from hippo_gpu.llm.extract import extract_openie
+
+    assert holder.llm is not None
+    with contextlib.ExitStack() as stack:
+        cache = holder.llm_cache
+        if cache is None:
+            cache = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "llm.sqlite"
+        return extract_openie(passages, holder.llm, None, cache_path=cache,
+                              show_progress=False).docs
 
 
 def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: Any,
@@ -174,10 +186,9 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
                  summary="Add passages (with their triples); one atomic commit")
     async def insert_passages(req: InsertRequest) -> dict[str, Any]:
         holder = holder_of(req.index)
-        passages = [{"title": p.title, "text": p.text} for p in req.passages]
-
         def apply(w: IndexWriter) -> int:
-            return w.insert(passages, _openie_of(req.passages, holder))
+            return w.insert_docs([Passage(title=p.title, text=p.text) for p in req.passages],
+                                 _docs_of(req.passages, holder))
 
         return await run(holder, apply)
 
