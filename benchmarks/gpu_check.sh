@@ -85,7 +85,7 @@ PPR_CMD=(python3 -m benchmarks.bench_ppr --graph synthetic --passages 1000000 --
 # -------------------------------------------------------------------------------------------------
 KERNEL_CHECK=benchmarks/gpu_ppr_kernel_check.py  # run as python3 -m benchmarks.gpu_ppr_kernel_check
 KERNEL_CMD=(python3 -m benchmarks.gpu_ppr_kernel_check)
-TEST_FILES=$(grep -lE 'mark\.cuda|"cuda"' tests/test_*.py 2>/dev/null | tr '\n' ' ')
+TEST_FILES=$(grep -rlE 'mark\.cuda|"cuda"' --include='test_*.py' tests 2>/dev/null | sort | tr '\n' ' ')
 TESTS_CMD=(python3 -m pytest -q -p no:cacheprovider -k cuda $TEST_FILES)
 RETRIEVAL_CMD=(python3 -m benchmarks.gpu_retrieval_check --threads "$THREADS" --repeats 3
     --precision float16 --allow-dirty --results "$OUT/gpu_retrieval_check.jsonl")

@@ -182,16 +182,17 @@ def main() -> int:
     ap.add_argument("--results", default=str(RESULTS / "gpu_ppr_kernel_check.jsonl"))
     ap.add_argument("--dry-run", action="store_true", help="CPU + TRITON_INTERPRET, tiny sizes")
     ap.add_argument("--tests", action="store_true",
-                    help="run the CUDA tests of tests/test_ppr.py and tests/test_kernels.py "
-                         "instead (imports as here, so no encoder/faiss packages are needed)")
+                    help="run the CUDA tests of tests/ppr/test_ppr.py and "
+                         "tests/ppr/test_kernels.py instead (imports as here, so no "
+                         "encoder/faiss packages are needed)")
     args = ap.parse_args()
     if args.tests:
         import pytest
 
         _import_ppr_modules()
         return pytest.main(["-q", "-p", "no:cacheprovider", "-k", "cuda and not igraph",
-                            str(REPO / "tests" / "test_ppr.py"),
-                            str(REPO / "tests" / "test_kernels.py")])
+                            str(REPO / "tests" / "ppr" / "test_ppr.py"),
+                            str(REPO / "tests" / "ppr" / "test_kernels.py")])
     global DEVICE
     if args.dry_run:
         import os

@@ -14,7 +14,7 @@ each gather reads BLOCK_Q contiguous values of a y row; the column sums are one 
 program and column (their order, hence the last bits of the residual, varies between runs: it
 only decides when a column stops). Off by default: cuSPARSE stays the CUDA path until
 benchmarks/gpu_ppr_kernel_check.py shows this faster. ``TRITON_INTERPRET=1`` runs it on CPU
-tensors (tests/test_kernels.py).
+tensors (tests/ppr/test_kernels.py).
 """
 
 from __future__ import annotations

@@ -10,24 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = Path(os.environ.get("HIPPO_DATA_DIR", ROOT.parent / "shared" / "data"))
-MUSIQUE = DATA_DIR / "musique_train"
-
-
-def missing_in_ci(what: str) -> None:
-    """A missing prerequisite: skip locally, but fail under CI (CI=true), naming it, so a CI run
-    without the data can never pass by skipping the tests that need it."""
-    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-        pytest.fail(f"CI: {what}", pytrace=False)
-    pytest.skip(what)
-
-
-def musique_or_skip() -> Path:
-    if not (MUSIQUE / "corpus.json").exists():
-        missing_in_ci(f"musique_train data not found at {MUSIQUE} (set HIPPO_DATA_DIR to the "
-                      "folder holding musique_train/)")
-    return MUSIQUE
+from tests.helpers import MUSIQUE, musique_or_skip  # noqa: F401 (fixtures use them)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from hippo_gpu.batch import retrieve_file
 from hippo_gpu.cli import app
 from hippo_gpu.data import DataFormatError
-from tests.test_search import QUERIES
+from tests.helpers import QUERIES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ranking import minmax_rows, topk_stable
 from hippo_gpu.search import Searcher
 from hippo_gpu.seeds import fact_topk, plan_chunks
-from tests.test_search import QUERIES
+from tests.helpers import QUERIES
 
 ONE_CHUNK = 1 << 40  # bytes: everything fits, the unchunked path
 TINY = 1  # bytes: one query per chunk, ROW_ALIGN-row embedding blocks
@@ -268,7 +268,7 @@ def test_hipporag2_reset_vectors_use_the_blocked_fact_top_k(sample_searcher,
 @pytest.fixture(scope="module")
 def musique_queries():
     from hippo_gpu.data import read_questions
-    from tests.conftest import musique_or_skip
+    from tests.helpers import musique_or_skip
 
     qs = read_questions(musique_or_skip() / "questions.json")
     return [q.question for q in qs[:61]]  # Q = 61: several panels and a ragged tail

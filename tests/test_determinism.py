@@ -11,7 +11,7 @@ import torch
 from hippo_gpu.config import MODES
 from hippo_gpu.ranking import ranks_of, topk_stable
 from hippo_gpu.seeds import _segment_mean
-from tests.test_search import QUERIES
+from tests.helpers import QUERIES
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -118,7 +118,7 @@ def _reference_elements(docs):
 
 def test_vectorised_elements_equal_the_per_triple_reference_on_musique():
     from hippo_gpu.data import read_corpus, read_openie
-    from tests.conftest import musique_or_skip
+    from tests.helpers import musique_or_skip
 
     data = musique_or_skip()
     passages = read_corpus(data / "corpus.json")

@@ -6,7 +6,7 @@ import torch
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import read_questions
 from hippo_gpu.evaluate import evaluate_mode
-from tests.conftest import musique_or_skip
+from tests.helpers import musique_or_skip
 
 pytestmark = pytest.mark.slow
 

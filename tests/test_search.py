@@ -9,13 +9,8 @@ from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.llm.filter import FilterOutcome
 from hippo_gpu.ranking import minmax_rows, topk_stable
 from hippo_gpu.search import Searcher
+from tests.helpers import QUERIES
 from tests.reference import dense_ppr
-
-QUERIES = [
-    "Which river flows through the birthplace of the inventor of the tidal clock?",
-    "Who founded the college where the director of the Lumen Museum studied?",
-    "Who designed the lighthouse on Skerrow?",
-]
 
 
 def _minmax(x):

@@ -13,7 +13,7 @@ import torch
 from hippo_gpu import Searcher, SearcherSpec, load_index
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.searcher_spec import DEFAULT_WARM_UP
-from tests.test_search import QUERIES
+from tests.helpers import QUERIES
 
 ENTITIES = [["Skerrow"], ["Lumen Museum"], ["tidal clock"]]  # one list per query
 

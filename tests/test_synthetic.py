@@ -128,7 +128,7 @@ def test_statistics_match_musique_train() -> None:
 def test_statistics_of_musique_train_are_the_recorded_ones() -> None:
     from hippo_gpu.data import read_corpus, read_openie
     from hippo_gpu.synthetic import MUSIQUE_STATISTICS, corpus_statistics
-    from tests.conftest import musique_or_skip
+    from tests.helpers import musique_or_skip
 
     data = musique_or_skip()
     passages = read_corpus(data / "corpus.json")

@@ -38,7 +38,7 @@ from hippo_gpu.sample import paths
 from hippo_gpu.search import Searcher
 from hippo_gpu.store import COMMIT_STEPS, MANIFEST, WRITER_LOCK, WriterLockedError
 from hippo_gpu.writer import IndexWriter
-from tests.conftest import musique_or_skip
+from tests.helpers import musique_or_skip
 
 CHILD = Path(__file__).with_name("writer_fault_child.py")
 MODES = ("dense", "hipporag2", "hybrid")

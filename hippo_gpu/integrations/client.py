@@ -14,8 +14,9 @@ behave alike:
   The server does not return passage rows, so `Passage.row` is None in this mode.
 
 The two modes return the same ranking for the same index, queries, k and mode (the server is a
-`Searcher` behind a micro-batcher; tests/test_integrations.py checks it). Scores may differ in
-the last float32 bits, because the query encoder rounds differently with the batch's shape.
+`Searcher` behind a micro-batcher; tests/integrations/test_integrations.py checks it). Scores may
+differ in the last float32 bits, because the query encoder rounds differently with the batch's
+shape.
 """
 
 from __future__ import annotations

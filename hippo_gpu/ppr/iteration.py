@@ -88,7 +88,7 @@ check spacing in the torch path.
 measured residual ρ, and in float32 ρ itself carries round-off: each g_i sums deg(i) products
 with relative error up to ~deg(i)·2⁻²⁴, and at a float32 fixed point the measured residual can
 vanish while the true one does not. So a float32 bound is no certificate by itself (measured on
-a hub graph, tests/test_ppr_roundoff.py: a float32 "bound" of 1e-10 on a column whose true L1
+a hub graph, tests/ppr/test_roundoff.py: a float32 "bound" of 1e-10 on a column whose true L1
 error was 4e-7), and it also stops decreasing at a floor (~2e-8 to ~2e-7 on musique's graphs;
 above the float32 default tol 1e-6 on larger or denser graphs). Three rules follow.
 

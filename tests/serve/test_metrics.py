@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from tests.test_server import Gate, serving, tensor_bytes_reference  # noqa: E402
+from tests.serve.helpers import Gate, serving, tensor_bytes_reference  # noqa: E402
 
 TOKEN = "metrics-token-77"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -8,7 +8,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from hippo_gpu import kernels
 from hippo_gpu.ppr import PPRSolver, build_transition
+from tests.helpers import REPO  # noqa: E402
 from tests.reference import (
     dense_adjacency,
     dense_ppr,
@@ -233,7 +233,7 @@ def test_triton_step_interpreted_matches_torch_and_oracle() -> None:
     and without ω), and full solves through it match the float64 oracle."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (extra 'kernels')")
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], cwd=root, env=env,

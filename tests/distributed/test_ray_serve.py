@@ -4,7 +4,7 @@ One local Ray instance (2 CPUs) for the module. The real CLI runs in a subproces
 deploys two replicas of the bundled sample index (each loads the index once and serves
 hippo_gpu.serve.server's app with its micro-batcher), with a bearer token and small request
 limits; every test talks to Ray Serve's HTTP proxy. Served rankings are compared with offline
-`Searcher.retrieve` on the same index (as tests/test_server.py does for the plain server). The
+`Searcher.retrieve` on the same index (as tests/serve/test_server.py does for the plain server). The
 last test stops the CLI with SIGINT and checks that the deployment is gone.
 """
 
@@ -30,14 +30,14 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from hippo_gpu.config import MODES  # noqa: E402
-from tests.test_server import (  # noqa: E402
-    _assert_no_leak,
-    _assert_same_ranking,
-    _entity_variants,
-    _offline,
+from tests.helpers import REPO  # noqa: E402
+from tests.serve.helpers import (  # noqa: E402
+    assert_no_leak,
+    assert_same_ranking,
+    entity_variants,
+    offline_hits,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "ray-serve-token-5d2e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMITS = {"max_queries_per_request": 4, "max_query_chars": 100, "max_top_k": 50,
@@ -100,7 +100,7 @@ def test_two_replicas_run_and_answer_like_the_offline_searcher(served, sample_se
     for mode in MODES:
         for i in range(12):
             qs = [queries[(i + j) % len(queries)] for j in range(1 + i % 3)]
-            variants = _entity_variants(qs)[1 if mode == "hipporag1" else 0:]
+            variants = entity_variants(qs)[1 if mode == "hipporag1" else 0:]
             req: dict[str, Any] = {"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode}
             ents = variants[(i // 3) % len(variants)]
             if ents is not None:
@@ -115,10 +115,10 @@ def test_two_replicas_run_and_answer_like_the_offline_searcher(served, sample_se
     for req, resp in zip(requests, responses, strict=True):
         assert resp.status_code == 200, resp.text
         assert resp.json()["seeds"] is None
-        offline = _offline(sample_searcher, req["queries"], req["top_k"], req["mode"],
+        offline = offline_hits(sample_searcher, req["queries"], req["top_k"], req["mode"],
                            req.get("entities"))
         for got, want in zip(resp.json()["results"], offline, strict=True):
-            _assert_same_ranking(got, want)
+            assert_same_ranking(got, want)
     stats = httpx.get(url + "/v1/stats", headers=AUTH).json()["batcher"]  # one replica's
     assert 0 < stats["requests_served"] < len(requests)  # the other replica served the rest
     assert stats["batches_served"] < stats["requests_served"]  # its batcher merged requests
@@ -172,7 +172,7 @@ def test_limits_and_malformed_requests(served, sample_index_dir):
             r = c.post("/v1/retrieve", json=body)
             assert r.status_code == 422, (body, r.text)
             assert any(field in map(str, d["loc"]) for d in r.json()["detail"]), (field, r.text)
-            _assert_no_leak(r.text, sample_index_dir)
+            assert_no_leak(r.text, sample_index_dir)
             assert "secret-input-xyz" not in r.text
         r = c.post("/v1/retrieve", json={"queries": ["q"], "mode": "hipporag1"})
         assert r.status_code == 422
@@ -194,7 +194,7 @@ def test_stats_report_the_index_and_the_cli_limits(served, sample_searcher, samp
     url, _ = served
     r = httpx.get(url + "/v1/stats", headers=AUTH, timeout=60)
     assert r.status_code == 200
-    _assert_no_leak(r.text, sample_index_dir)
+    assert_no_leak(r.text, sample_index_dir)
     s = r.json()
     for k, v in sample_searcher.index.stats().items():
         if isinstance(v, (bool, int, float)):

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO  # noqa: E402
+
 BENCH = REPO / "benchmarks"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 

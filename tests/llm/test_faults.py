@@ -26,6 +26,7 @@ pytest.importorskip("openai")
 
 from hippo_gpu.llm.backends.openai import OpenAIBackend  # noqa: E402
 from hippo_gpu.llm.extract import extract_openie  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 
 def _title(user: str) -> str:
@@ -240,7 +241,7 @@ def _ok_count(cache: Path) -> int:
 def test_sigkill_mid_run_leaves_loadable_cache(tmp_path: Path) -> None:
     slow = FaultServer(delay=0.05)
     n = 40
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen([sys.executable, "-c", _CHILD, slow.url, str(tmp_path), str(n)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cache = tmp_path / "c.sqlite"

@@ -25,7 +25,7 @@ from hippo_gpu.batch import retrieve_file  # noqa: E402
 from hippo_gpu.data import DataFormatError  # noqa: E402
 from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray  # noqa: E402
 from hippo_gpu.searcher_spec import SearcherSpec  # noqa: E402
-from tests.test_search import QUERIES  # noqa: E402
+from tests.helpers import QUERIES, REPO  # noqa: E402
 
 CRASH = "crash trigger "  # + marker path + ": " + question (see CrashOnce)
 
@@ -94,7 +94,7 @@ def test_ray_answers_equal_local_command(ray_local, sample_index_dir, sample_sea
 def test_ray_is_imported_only_by_hippo_gpu_distributed():
     import ast
 
-    root = Path(__file__).resolve().parents[1] / "hippo_gpu"
+    root = REPO / "hippo_gpu"
     for path in root.rglob("*.py"):
         if "distributed" in path.relative_to(root).parts:
             continue
@@ -214,7 +214,7 @@ def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_
             str(out), "--top-k", "3", "--batch-size", "4", "--part-size", "10", "--device",
             "cpu", "--threads", "1", "--workers", "1", "--cpus-per-worker", "0.5", "--ray"]
     address = ray.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args, address], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -271,7 +271,7 @@ def test_extract_over_two_endpoints_equals_local(ray_local, tmp_path):
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.test_llm_faults import FaultServer, backend, corpus
+    from tests.llm.test_faults import FaultServer, backend, corpus
 
     docs = corpus(13)
     one = FaultServer()
@@ -307,7 +307,7 @@ def test_extract_dead_endpoint_then_resume_sends_only_unfinished(ray_local, tmp_
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.test_llm_faults import FaultServer, backend, corpus
+    from tests.llm.test_faults import FaultServer, backend, corpus
 
     docs = corpus(12)
     out, cache = tmp_path / "ray.json", tmp_path / "c.sqlite"
@@ -380,7 +380,7 @@ def test_extract_driver_killed_then_rerun_finishes_the_rest(ray_local, tmp_path)
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.test_llm_faults import FaultServer, backend, corpus
+    from tests.llm.test_faults import FaultServer, backend, corpus
 
     n = 24
     docs = corpus(n)
@@ -388,7 +388,7 @@ def test_extract_driver_killed_then_rerun_finishes_the_rest(ray_local, tmp_path)
     out, cache = tmp_path / "ray.json", tmp_path / "c.sqlite"
     a, b = FaultServer(delay=0.3), FaultServer(delay=0.3)
     address = ray.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
         [sys.executable, "-c", _DRIVER, str(tmp_path / "corpus.json"), str(out), str(cache),
          ",".join(_endpoints(a, b)), address],

@@ -29,14 +29,14 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402
-from tests.test_server import Gate, serving  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
+from tests.serve.helpers import Gate, serving  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "mcp-test-token-41"
 QUESTIONS = ["Who invented the tidal clock?", "Which college did the lighthouse designer attend?"]
 
 
-def _offline(searcher: Any, query: str, top_k: int, mode: str,
+def offline_hits(searcher: Any, query: str, top_k: int, mode: str,
              entities: list[str] | None = None) -> list[dict[str, Any]]:
     hits = searcher.retrieve([query], top_k=top_k, mode=mode,
                              query_entities=None if entities is None else [entities])[0]
@@ -66,15 +66,16 @@ async def _check_tools(client: Client, searcher: Any) -> None:
             assert not r.is_error, r.content
             assert r.structured_content is not None
             assert r.structured_content["index"] == "default"
-            _assert_hits(r.structured_content["hits"], _offline(searcher, query, top_k, mode))
+            _assert_hits(r.structured_content["hits"], offline_hits(searcher, query, top_k, mode))
     # Defaults: top_k 10, hipporag2.
     r = await client.call_tool("retrieve", {"query": QUESTIONS[0]})
-    _assert_hits(r.structured_content["hits"], _offline(searcher, QUESTIONS[0], 10, "hipporag2"))
+    _assert_hits(r.structured_content["hits"],
+                 offline_hits(searcher, QUESTIONS[0], 10, "hipporag2"))
     # hipporag1 with the caller's entities.
     r = await client.call_tool("retrieve", {"query": QUESTIONS[0], "mode": "hipporag1",
                                             "entities": ["tidal clock"], "top_k": 4})
     _assert_hits(r.structured_content["hits"],
-                 _offline(searcher, QUESTIONS[0], 4, "hipporag1", ["tidal clock"]))
+                 offline_hits(searcher, QUESTIONS[0], 4, "hipporag1", ["tidal clock"]))
 
     bad: list[tuple[dict[str, Any], str]] = [
         ({"query": "x", "top_k": 0}, "top_k"),
@@ -94,7 +95,7 @@ async def _check_tools(client: Client, searcher: Any) -> None:
     # The session survives every refusal.
     r = await client.call_tool("retrieve", {"query": QUESTIONS[1], "top_k": 2, "mode": "dense"})
     assert not r.is_error
-    _assert_hits(r.structured_content["hits"], _offline(searcher, QUESTIONS[1], 2, "dense"))
+    _assert_hits(r.structured_content["hits"], offline_hits(searcher, QUESTIONS[1], 2, "dense"))
 
     r = await client.call_tool("stats", {})
     assert not r.is_error
@@ -199,8 +200,9 @@ def test_mcp_and_http_share_the_batcher(sample_searcher: Any) -> None:
         h, m, before, after = asyncio.run(run())
     assert h.status_code == 200
     assert not m.is_error
-    _assert_hits(m.structured_content["hits"], _offline(sample_searcher, QUESTIONS[1], 5, "dense"))
-    _assert_hits(h.json()["results"][0], _offline(sample_searcher, QUESTIONS[0], 5, "dense"))
+    _assert_hits(m.structured_content["hits"],
+                 offline_hits(sample_searcher, QUESTIONS[1], 5, "dense"))
+    _assert_hits(h.json()["results"][0], offline_hits(sample_searcher, QUESTIONS[0], 5, "dense"))
     # blocker's batch, then one batch holding both the HTTP and the MCP query
     assert after["batches_served"] - before["batches_served"] == 2
     assert after["queries_served"] - before["queries_served"] == 3
@@ -218,7 +220,7 @@ def test_two_indexes_by_name(sample_searcher: Any, subset_searcher: Any) -> None
                                                             "index": name})
                     assert r.structured_content["index"] == name
                     _assert_hits(r.structured_content["hits"],
-                                 _offline(searcher, QUESTIONS[0], 25, "hipporag2"))
+                                 offline_hits(searcher, QUESTIONS[0], 25, "hipporag2"))
                 r = await client.call_tool("retrieve", {"query": QUESTIONS[0], "top_k": 25})
                 assert r.structured_content["index"] == "full"  # the first is the default
                 stats = (await client.call_tool("stats", {})).structured_content["indexes"]
@@ -236,7 +238,7 @@ def test_two_indexes_by_name(sample_searcher: Any, subset_searcher: Any) -> None
 
 @pytest.fixture(scope="module")
 def subset_searcher(tmp_path_factory: pytest.TempPathFactory, sample_searcher: Any) -> Any:
-    from tests.test_server import subset_index
+    from tests.serve.helpers import subset_index
 
     return subset_index(tmp_path_factory.mktemp("subset"), sample_searcher, 20)
 

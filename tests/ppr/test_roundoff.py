@@ -197,7 +197,7 @@ def test_musique_below_the_float32_floor_converges_certified(musique_searcher) -
     """tol below musique's float32 floor on both graphs: every query answered, certified, and
     the rankings equal those of a float64 solve to the same tol."""
     from hippo_gpu.data import read_questions
-    from tests.conftest import MUSIQUE
+    from tests.helpers import MUSIQUE
 
     texts = [q.question for q in read_questions(MUSIQUE / "questions.json")]
     for mode, tol in (("hipporag2", 5e-9), ("hybrid", 5e-8)):

@@ -20,7 +20,7 @@ from hippo_gpu.llm.backends.llamacpp import LocalBackend, local_model_path  # no
 from hippo_gpu.llm.extract import OpenIEConfig, extract_openie  # noqa: E402
 from hippo_gpu.llm.filter import RecognitionMemoryFilter  # noqa: E402
 from hippo_gpu.llm.ner import QueryNER  # noqa: E402
-from tests.conftest import missing_in_ci  # noqa: E402
+from tests.helpers import missing_in_ci  # noqa: E402
 
 try:
     local_model_path("smollm2")

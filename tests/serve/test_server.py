@@ -2,7 +2,7 @@
 
 Every test starts uvicorn on a free loopback port (in a thread, or the CLI in a subprocess) and
 talks to it over HTTP. Served rankings are compared with offline `Searcher.retrieve` on the same
-index, with the same entities, in every mode (tests/test_openapi.py checks the schema itself).
+index, with the same entities, in every mode (tests/serve/test_openapi.py checks the schema itself).
 Where a test needs a request to stay in flight (queue overflow, shutdown), the index is wrapped
 in a gate that holds `retrieve` until the test opens it; the ranking still comes from the real
 index.
@@ -17,10 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +33,19 @@ import uvicorn  # noqa: E402
 from hippo_gpu.config import MODES  # noqa: E402
 from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
-from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
+from hippo_gpu.serve.server import ServerConfig  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
+from tests.serve.helpers import (  # noqa: E402
+    Gate,
+    assert_no_leak,
+    assert_same_ranking,
+    entity_variants,
+    offline_hits,
+    serving,
+    subset_index,
+    tensor_bytes_reference,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-8c1f"
 
 
@@ -68,121 +76,6 @@ def queries(searcher: Any) -> list[str]:
     ]
 
 
-class Gate:
-    """Wraps the real searcher; `retrieve` waits until the gate opens (or raises, if told to)."""
-
-    def __init__(self, searcher: Any, *, raise_error: Exception | None = None) -> None:
-        self._searcher = searcher
-        self.index = searcher.index
-        self.opened = threading.Event()
-        self.entered = threading.Event()
-        self.raise_error = raise_error
-
-    def retrieve(self, queries: list[str], *, top_k: int, mode: str, **kw: Any) -> Any:
-        self.entered.set()
-        assert self.opened.wait(30), "gate never opened"
-        if self.raise_error is not None:
-            raise self.raise_error
-        return self._searcher.retrieve(queries, top_k=top_k, mode=mode, **kw)
-
-
-@contextmanager
-def serving(searcher: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
-    """uvicorn on 127.0.0.1, a free port, in a thread; yields (base URL, server)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(searcher, config), log_level="warning",
-                       timeout_graceful_shutdown=20)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        assert not thread.is_alive(), "server thread did not stop"
-
-
-def subset_index(tmp: Path, searcher: Any, n: int) -> Any:
-    """The sample's first `n` passages indexed on their own, with a searcher of its own (its own
-    query encoder: two indexes' batcher threads never share one)."""
-    from hippo_gpu import Searcher, build_index, load_index
-    from hippo_gpu.sample import paths
-
-    files = paths()
-    corpus = json.loads(Path(files["corpus"]).read_text())[:n]
-    openie = json.loads(Path(files["openie"]).read_text())
-    build_index(corpus, openie, tmp / "index", device="cpu", encoder=searcher.encoder)
-    return Searcher(load_index(tmp / "index", device="cpu"))
-
-
-def tensor_bytes_reference(index: Any) -> int:
-    """Bytes of every tensor attribute of `index` (CSR: its three component arrays)."""
-    import torch
-
-    total = 0
-    for v in vars(index).values():
-        if isinstance(v, torch.Tensor):
-            parts = ([v.crow_indices(), v.col_indices(), v.values()] if v.is_sparse_csr
-                     else [v])  # fmt: skip
-            total += sum(p.numel() * p.element_size() for p in parts)
-    return total
-
-
-def _offline(searcher: Any, queries: list[str], top_k: int, mode: str,
-             entities: list[list[str]] | None = None) -> list[list[dict]]:
-    text_of = dict(zip(searcher.index.passage_keys, searcher.index.passage_texts, strict=True))
-    return [
-        [
-            {"key": h.key, "title": h.title, "text": text_of[h.key], "score": h.score,
-             "rank": h.rank}
-            for h in hits
-        ]
-        for hits in searcher.retrieve(queries, top_k=top_k, mode=mode, query_entities=entities)
-    ]  # fmt: skip
-
-
-def _assert_same_ranking(served: list[dict], offline: list[dict]) -> None:
-    assert [(h["key"], h["title"], h["text"], h["rank"]) for h in served] == [
-        (h["key"], h["title"], h["text"], h["rank"]) for h in offline
-    ]
-    # float32 scores: the query encoder and GEMMs round differently with the batch's shape
-    # (padding, blocking), by ~1e-6; the ranking itself must be the same.
-    served_scores = [h["score"] for h in served]
-    assert served_scores == pytest.approx([h["score"] for h in offline], rel=1e-5, abs=1e-6)
-
-
-def _assert_no_leak(body: str, index_dir: Path) -> None:
-    assert "Traceback" not in body
-    assert str(index_dir) not in body
-    assert 'File "' not in body
-
-
-# ---------------------------------------------------------------------------------------------
-# tests
-
-
-def _entity_variants(queries: list[str]) -> list[list[list[str]] | None]:
-    """Ways to send the entities of `queries`: absent, spelled out, empty, borrowed, wrong case."""
-    spans = heuristic_entities(queries)
-    borrowed = [spans[(i + 1) % len(spans)] or ["Stanford University"] for i in range(len(spans))]
-    return [
-        None,  # hybrid: capitalised spans inside Searcher; hipporag1 cannot do without
-        spans,  # the same spans, given explicitly
-        [[] for _ in queries],  # no entity for any query
-        borrowed,  # another query's entities: a different entity ranking
-        [[e.lower() for e in ents] + ["alzheimer"] for ents in spans],  # linked by cosine
-    ]
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mode: str) -> None:
     """Merged into batches, every request gets exactly its own offline ranking, in every mode.
@@ -195,7 +88,7 @@ def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mod
     for i in range(24):
         n = 1 + i % 3
         qs = [queries[(i + j) % len(queries)] for j in range(n)]
-        variants = _entity_variants(qs)
+        variants = entity_variants(qs)
         if mode == "hipporag1":
             variants = variants[1:]
         req: dict[str, Any] = {"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode}
@@ -219,13 +112,13 @@ def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mod
         body = resp.json()
         assert body["seeds"] is None
         ents = req.get("entities")
-        offline = _offline(searcher, req["queries"], req["top_k"], mode, ents)
+        offline = offline_hits(searcher, req["queries"], req["top_k"], mode, ents)
         assert len(body["results"]) == len(req["queries"])
         for served, expected in zip(body["results"], offline, strict=True):
             assert len(served) == min(req["top_k"], len(searcher.index.passage_keys))
-            _assert_same_ranking(served, expected)
+            assert_same_ranking(served, expected)
         if mode == "hybrid" and ents is not None:
-            heuristic = _offline(searcher, req["queries"], req["top_k"], mode, None)
+            heuristic = offline_hits(searcher, req["queries"], req["top_k"], mode, None)
             differs_from_heuristic |= [[h["key"] for h in r] for r in heuristic] != [
                 [h["key"] for h in r] for r in offline
             ]
@@ -254,12 +147,12 @@ def test_hybrid_batch_mixing_entities_and_heuristic(searcher: Any, queries: list
     with serving(searcher, config) as (url, _):
         responses = asyncio.run(send_all(url))
         stats = httpx.get(url + "/v1/stats").json()["batcher"]
-    alone = {None: _offline(searcher, [q], 10, "hybrid")[0],
-             "given": _offline(searcher, [q], 10, "hybrid", given)[0]}  # fmt: skip
+    alone = {None: offline_hits(searcher, [q], 10, "hybrid")[0],
+             "given": offline_hits(searcher, [q], 10, "hybrid", given)[0]}  # fmt: skip
     assert [h["key"] for h in alone[None]] != [h["key"] for h in alone["given"]]
     for body, resp in zip(bodies, responses, strict=True):
         assert resp.status_code == 200, resp.text
-        _assert_same_ranking(resp.json()["results"][0], alone["given" if "entities" in body
+        assert_same_ranking(resp.json()["results"][0], alone["given" if "entities" in body
                                                               else None])  # fmt: skip
     assert stats["batches_served"] < len(bodies)  # requests really were merged
 
@@ -303,7 +196,7 @@ def test_overflow_gets_429_and_queued_requests_still_complete(
     assert stats["requests_rejected"] == 1
     for q, resp in zip(queries[:4], done, strict=True):
         assert resp.status_code == 200, resp.text
-        _assert_same_ranking(resp.json()["results"][0], _offline(searcher, [q], 4, "dense")[0])
+        assert_same_ranking(resp.json()["results"][0], offline_hits(searcher, [q], 4, "dense")[0])
 
 
 def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
@@ -346,7 +239,7 @@ def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
             r = client.post("/v1/retrieve", json=body)
             assert r.status_code == 422, (body, r.text)
             assert isinstance(r.json()["detail"], list)
-            _assert_no_leak(r.text, index_dir)
+            assert_no_leak(r.text, index_dir)
         for body in accepted:
             r = client.post("/v1/retrieve", json=body)
             assert r.status_code == 200, (body, r.text)
@@ -402,10 +295,10 @@ def test_internal_errors_do_not_leak(searcher: Any, index_dir: Path) -> None:
         r = httpx.post(url + "/v1/retrieve", json={"queries": ["q"], "mode": "dense"})
         assert r.status_code == 500
         assert r.json() == {"detail": "internal server error"}
-        _assert_no_leak(r.text, index_dir)
+        assert_no_leak(r.text, index_dir)
         stats = httpx.get(url + "/v1/stats")
         assert stats.status_code == 200
-        _assert_no_leak(stats.text, index_dir)
+        assert_no_leak(stats.text, index_dir)
         assert stats.json()["batcher"]["requests_failed"] == 1
 
 
@@ -434,7 +327,7 @@ def test_health_ready_stats_docs(searcher: Any, index_dir: Path) -> None:
             c.post("/v1/retrieve", json={"queries": ["Stanford", "Alzheimer"], "mode": "dense"})
         r = c.get("/v1/stats")
         assert r.status_code == 200
-        _assert_no_leak(r.text, index_dir)
+        assert_no_leak(r.text, index_dir)
         s = r.json()
         for k, v in searcher.index.stats().items():
             if isinstance(v, (bool, int, float)):
@@ -496,7 +389,7 @@ def test_shutdown_finishes_in_flight_batches(searcher: Any, queries: list[str]) 
         assert refused, "server still accepting after shutdown"
     for q, r in zip(sent, responses, strict=True):
         assert r.status_code == 200, r.text
-        _assert_same_ranking(r.json()["results"][0], _offline(searcher, [q], 3, "dense")[0])
+        assert_same_ranking(r.json()["results"][0], offline_hits(searcher, [q], 3, "dense")[0])
 
 
 def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: Path) -> None:
@@ -576,11 +469,11 @@ def test_two_indexes_answer_independently(searcher: Any, part_searcher: Any,
         assert resp.status_code == 200, resp.text
         index_searcher = served[name or "full"]
         got = resp.json()["results"][0]
-        _assert_same_ranking(got, _offline(index_searcher, body["queries"], 25, body["mode"])[0])
+        assert_same_ranking(got, offline_hits(index_searcher, body["queries"], 25, body["mode"])[0])
         if name == "part":
             assert len(got) == 20 and {h["key"] for h in got} <= set(
                 part_searcher.index.passage_keys)
-            other = _offline(searcher, body["queries"], 25, body["mode"])[0]
+            other = offline_hits(searcher, body["queries"], 25, body["mode"])[0]
             differs |= [h["key"] for h in got] != [h["key"] for h in other][:20]
     assert differs, "the two indexes gave the same rankings: the test would not see a mix-up"
 

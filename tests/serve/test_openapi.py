@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from hippo_gpu.config import MODES  # noqa: E402
 from hippo_gpu.serve.schema import NONBLANK, WHITESPACE, request_model  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from tests.test_server import serving  # noqa: E402
+from tests.serve.helpers import serving  # noqa: E402
 
 TOKEN = "openapi-token-5d2e"
 SEED = 20240610

@@ -2,8 +2,8 @@
 
 Local mode is compared with `Searcher.retrieve` on the same searcher (exactly: same call shape);
 URL mode talks to a real uvicorn on 127.0.0.1 with a bearer token and is compared with local mode
-(same ranking; scores to float32 rounding, as in tests/test_server.py). `batch` is checked to be
-ONE retrieval for N queries by counting calls on the real searcher. The LangChain section also
+(same ranking; scores to float32 rounding, as in tests/serve/test_server.py). `batch` is
+checked to be ONE retrieval for N queries by counting calls on the real searcher. The LangChain section also
 runs langchain-tests' standard retriever suite, locally and against the server. Each framework
 section skips only when its framework is not installed.
 """
@@ -322,7 +322,7 @@ def test_llamaindex_batch_is_one_retrieval(li: ModuleType, searcher: Searcher,
 @contextmanager
 def serving(searcher: Searcher, token: str) -> Iterator[str]:
     """uvicorn on 127.0.0.1, a free port, in a thread; yields the base URL (as in
-    tests/test_server.py's helper)."""
+    tests/serve/test_server.py's helper)."""
     uvicorn = pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from hippo_gpu.serve.server import ServerConfig, create_app

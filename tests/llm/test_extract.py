@@ -28,9 +28,12 @@ from hippo_gpu.llm.filter import RecognitionMemoryFilter
 from hippo_gpu.llm.ner import NERFileError, QueryNER, read_query_ner_tsv
 from hippo_gpu.llm.parse import ParseStats
 from hippo_gpu.llm.qa import QAReader, f1, normalize_answer, qa_metrics
-from tests.conftest import musique_or_skip
+from tests.helpers import (
+    REPO,  # noqa: E402
+    musique_or_skip,
+)
 
-DATA = Path(os.environ.get("HIPPO_DATA_DIR", Path(__file__).resolve().parents[1].parent
+DATA = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent
                            / "shared" / "data"))
 
 
@@ -298,12 +301,12 @@ def test_llm_package_imports_no_client() -> None:
     code = ("import sys, hippo_gpu.llm, hippo_gpu.cli.llm, hippo_gpu.search, hippo_gpu.ppr;"
             "print([m for m in ('openai', 'xllamacpp', 'vllm') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1])
+                         check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
 
 
 def test_no_eval_or_pickle_in_llm_layer() -> None:
-    root = Path(__file__).resolve().parents[1] / "hippo_gpu" / "llm"
+    root = REPO / "hippo_gpu" / "llm"
     for path in root.rglob("*.py"):
         text = path.read_text()
         assert "eval(" not in text and "pickle" not in text, path
