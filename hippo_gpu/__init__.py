@@ -9,6 +9,7 @@ over it::
 
 from hippo_gpu.build import build_index
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.index import Index, __version__, load_index
 from hippo_gpu.search import Hit, Ranking, Searcher
 from hippo_gpu.writer import IndexWriter
@@ -16,6 +17,7 @@ from hippo_gpu.writer import IndexWriter
 __all__ = [
     "EncoderConfig",
     "GraphConfig",
+    "HippoGpuError",
     "Hit",
     "Index",
     "IndexConfig",

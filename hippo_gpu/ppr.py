@@ -117,6 +117,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.config import check_ppr_method
+from hippo_gpu.errors import HippoGpuError
 
 __all__ = [
     "ConvergenceError",
@@ -139,7 +140,7 @@ __all__ = [
 DEFAULT_MAX_ITER = 1000
 
 
-class ConvergenceError(RuntimeError):
+class ConvergenceError(HippoGpuError, RuntimeError):
     """PPR left some columns uncertified: ``max_iter`` ran out while the bound still fell, or
     ``tol`` is below float64 round-off.
 

@@ -39,8 +39,7 @@ def retrieve(
     command and it continues from the committed parts, as the local one).
     """
     from hippo_gpu.batch import retrieve_file
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.index import IndexFormatError, load_index
+    from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
 
     n = setup(threads)
@@ -56,7 +55,7 @@ def retrieve(
         searcher = Searcher(load_index(index, device=device, precision=precision))
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
                                batch_size=batch_size, part_size=part_size, skip_bad=skip_bad)
-    except (DataFormatError, IndexFormatError, FileNotFoundError, ImportError, ValueError) as e:
+    except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
                   f"from committed parts, {report.bad} malformed, {report.failed} failed"
@@ -68,9 +67,6 @@ def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: 
                   top_k: int, batch_size: int, part_size: int, skip_bad: bool, device: str,
                   precision: str, threads: int | None, workers: int, cpus_per_worker: float,
                   gpus_per_worker: float) -> None:
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.index import IndexFormatError
-
     try:
         from hippo_gpu.distributed.cluster import connect
         from hippo_gpu.distributed.ray_batch import retrieve_ray
@@ -87,7 +83,7 @@ def _retrieve_ray(address: str, index: Path, queries: Path, out: Path, *, mode: 
                               threads_per_worker=per_worker, mode=mode, top_k=top_k,
                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
                               device=device, precision=precision, show_progress=True)
-    except (DataFormatError, IndexFormatError, FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     finally:
         if started:
