@@ -11,6 +11,7 @@ warm-up) as the commands do::
 
 from hippo_gpu.build import build_index
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.index import Index, __version__, load_index
 from hippo_gpu.search import Hit, Ranking, Searcher
 from hippo_gpu.searcher_spec import SearcherSpec
@@ -19,6 +20,7 @@ from hippo_gpu.writer import IndexWriter
 __all__ = [
     "EncoderConfig",
     "GraphConfig",
+    "HippoGpuError",
     "Hit",
     "Index",
     "IndexConfig",

@@ -4,13 +4,14 @@ Input rows: {"id": str|int, "query": str, "entities": [str, ...] (optional)}, as
 Parquet. Output rows, in input order: {"id", "keys", "titles", "scores"}, as JSON Lines or
 Parquet (chosen by the file suffix; Parquet needs pyarrow, the `[parquet]` extra).
 
-Crash safety: the output is written as parts beside it (OUT.parts/part-NNNNNN.jsonl, each one
-written to a temporary file and renamed, so a part is either complete or absent), one per
-`part_size` input rows. A rerun with the same arguments skips the rows its committed parts hold
-and continues; when every part exists they are joined into OUT (atomically) and the parts
-removed. So a run killed at any point and rerun gives every id exactly once, in input order.
-A `run.json` in the parts folder records the arguments; parts of a different run are never
-mixed in (the rerun refuses, naming the difference).
+Crash safety: the output is written as parts beside it (OUT.parts/part-NNNNNN.jsonl), one per
+`part_size` input rows, under the resumable-parts protocol of hippo_gpu.parts (shared with the
+Ray job): each part is committed atomically, so it is complete or absent; a `run.json` records
+the arguments, and a rerun with the same arguments skips the rows its committed parts hold and
+continues, while one with other arguments is refused, naming the difference; when every part
+exists they are joined into OUT (atomically) and the parts removed. So a run killed at any point
+and rerun gives every id exactly once, in input order. Rows whose retrieval failed go to
+part-NNNNNN.failed.jsonl, committed before their part, and from there to OUT.bad.jsonl.
 
 Memory does not grow with the input: rows are read lazily, one part at a time.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,11 +29,16 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
 from hippo_gpu.search import Searcher
+from hippo_gpu.store import write_atomic
 
 __all__ = ["BatchReport", "QueryRow", "answer_rows", "check_row", "read_query_rows",
            "retrieve_file", "write_answers"]
+
+RUN_FILE = "run.json"  # the run's identity, in OUT.parts (hippo_gpu.parts)
+PART = "part-{:06d}.jsonl"  # the committed answers of part_size input rows
 
 
 @dataclass(frozen=True)
@@ -171,19 +176,10 @@ def retrieve_file(
     fmt = "parquet" if out.suffix == ".parquet" else "jsonl"
     if fmt == "parquet":
         _pyarrow_parquet()
-    parts = out.with_name(out.name + ".parts")
+    parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
     identity = _run_identity(queries, searcher, mode, top_k, part_size)
-    parts.mkdir(parents=True, exist_ok=True)
-    run_file = parts / "run.json"
-    if run_file.exists():
-        before = json.loads(run_file.read_text())
-        diff = sorted(k for k in identity if before.get(k) != identity[k])
-        if diff:
-            raise DataFormatError(
-                f"{parts} holds parts of another run (differs in {', '.join(diff)}); remove "
-                "it to start over")
-    else:
-        _write_atomic(run_file, json.dumps(identity, indent=1))
+    if parts.resume(identity) is None:
+        parts.start(identity)
     report = BatchReport()
     bad: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -195,16 +191,15 @@ def retrieve_file(
         if not chunk:
             break
         report.rows += len(chunk)
-        path = parts / f"part-{part_no:06d}.jsonl"
         good = [r for r in chunk if r is not None]
-        failed_file = path.with_suffix(".failed.jsonl")
-        if path.exists():
+        failed_file = _failed_file(parts, part_no)
+        if parts.path(part_no).exists():
             report.resumed += len(good) - len(_read_lines(failed_file))
         else:
             lines, failed = _answer(searcher, good, mode, top_k, batch_size, report)
             if failed:  # committed before its part, so a resumed run finds both
-                _write_atomic(failed_file, "".join(failed))
-            _write_atomic(path, "".join(lines))
+                write_atomic(failed_file, "".join(failed))
+            parts.commit(part_no, "".join(lines))
             report.answered += len(lines)
             bar.update(len(good))
             elapsed = time.perf_counter() - start
@@ -213,15 +208,14 @@ def retrieve_file(
     bar.close()
     report.parts = part_no
     report.bad = len(bad)
-    failed = [line for i in range(part_no)
-              for line in _read_lines(parts / f"part-{i:06d}.failed.jsonl")]
+    failed = [line for i in range(part_no) for line in _read_lines(_failed_file(parts, i))]
     report.failed = len(failed)
     if bad or failed:
         bad_file = out.with_name(out.name + ".bad.jsonl")
-        _write_atomic(bad_file, "".join([json.dumps(b) + "\n" for b in bad] + failed))
+        write_atomic(bad_file, "".join([json.dumps(b) + "\n" for b in bad] + failed))
         report.bad_file = str(bad_file)
-    _join_parts(parts, part_no, out, fmt)
-    shutil.rmtree(parts)
+    _join_parts(parts.in_order(part_no), out, fmt)
+    parts.remove()
     report.seconds = time.perf_counter() - start
     return report
 
@@ -275,32 +269,29 @@ def _read_lines(path: Path) -> list[str]:
         return f.readlines()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _failed_file(parts: RunParts, n: int) -> Path:
+    """Part n's side file of failed rows: part-NNNNNN.failed.jsonl."""
+    return parts.path(n).with_suffix(".failed.jsonl")
 
 
-def _join_parts(parts: Path, n: int, out: Path, fmt: str) -> None:
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+def _join_parts(paths: Sequence[Path], out: Path, fmt: str) -> None:
+    """Write the JSON Lines parts `paths`, in order, to `out` atomically, in its format."""
     if fmt == "jsonl":
-        with tmp.open("w", encoding="utf-8") as f:
-            for i in range(n):
-                with (parts / f"part-{i:06d}.jsonl").open(encoding="utf-8") as g:
-                    shutil.copyfileobj(g, f)
-            f.flush()
-            os.fsync(f.fileno())
-    else:
-        def chunks() -> Iterator[list[dict[str, Any]]]:
-            for i in range(n):
-                with (parts / f"part-{i:06d}.jsonl").open(encoding="utf-8") as g:
-                    yield [json.loads(line) for line in g]
+        def concatenate(tmp: Path) -> None:
+            with tmp.open("w", encoding="utf-8") as f:
+                for path in paths:
+                    with path.open(encoding="utf-8") as g:
+                        shutil.copyfileobj(g, f)
 
-        _write_parquet_answers(tmp, chunks())
-    os.replace(tmp, out)
+        write_atomic(out, concatenate)
+        return
+
+    def chunks() -> Iterator[list[dict[str, Any]]]:
+        for path in paths:
+            with path.open(encoding="utf-8") as g:
+                yield [json.loads(line) for line in g]
+
+    write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks()))
 
 
 def _write_parquet_answers(path: Path, chunks: Iterable[list[dict[str, Any]]]) -> None:
@@ -321,18 +312,18 @@ def write_answers(out: str | Path, answers: Iterable[dict[str, Any]],
     """Write answer dicts (answer_rows' form) to `out` atomically, in the format the local
     command writes for that suffix (JSON Lines, or Parquet with string ids)."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     if out.suffix == ".parquet":
         def chunks() -> Iterator[list[dict[str, Any]]]:
             it = iter(answers)
             while chunk := [a for _, a in zip(range(chunk_rows), it)]:
                 yield chunk
 
-        _write_parquet_answers(tmp, chunks())
-    else:
+        write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks()))
+        return
+
+    def lines(tmp: Path) -> None:
         with tmp.open("w", encoding="utf-8") as f:
             for a in answers:
                 f.write(json.dumps(a, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, out)
+
+    write_atomic(out, lines)

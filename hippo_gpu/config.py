@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -123,6 +125,7 @@ class IndexConfig:
 
 
 MODES = ("hipporag2", "hipporag1", "dense", "hybrid")
+ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that read query entities; others ignore them
 
 
 PPR_METHODS = ("auto", "chebyshev", "power", "closed_form")  # hippo_gpu.ppr.PPRSolver's
@@ -206,3 +209,10 @@ class RetrievalConfig:
                              f"got {self.hybrid_entity_weight}")
         if not 0.0 <= self.hybrid_weight <= 1.0:
             raise ValueError(f"hybrid_weight must be in [0, 1], got {self.hybrid_weight}")
+
+
+def cache_root() -> Path:
+    """The cache folder: $HIPPO_GPU_CACHE, else ~/.cache/hippo_gpu. Embeddings, LLM replies,
+    exported encoders and cached indexes live in subfolders of it."""
+    root = os.environ.get("HIPPO_GPU_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "hippo_gpu"

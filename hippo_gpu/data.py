@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hippo_gpu.errors import HippoGpuError
+
 Triple = tuple[str, str, str]
 
 
-class DataFormatError(ValueError):
+class DataFormatError(HippoGpuError, ValueError):
     """A data file does not have the shape its reader expects."""
 
 

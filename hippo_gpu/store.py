@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.tables import StringTable
 
 FORMAT = "hippo-gpu-index"
@@ -61,11 +63,11 @@ COMMIT_STEPS = ("write_files", "fsync_files", "rename_version", "write_manifest"
                 "rename_manifest", "collect_garbage")
 
 
-class IndexFormatError(ValueError):
+class IndexFormatError(HippoGpuError, ValueError):
     """An index directory is missing, corrupt, of another format version or incompatible."""
 
 
-class WriterLockedError(RuntimeError):
+class WriterLockedError(HippoGpuError, RuntimeError):
     """Another writer holds the index directory's lock."""
 
 
@@ -83,6 +85,43 @@ def _fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *,
+                 before_replace: Callable[[], None] | None = None) -> Path:
+    """Replace the file at `path` by `data`: readers see the old file or the new one, never a
+    part of either. The one atomic write of the package.
+
+    Writes `.NAME.tmp-UNIQUE` beside `path`, fsyncs it, renames it over `path` and fsyncs the
+    folder, so the rename itself survives a power loss. An exception removes the temporary file;
+    a killed writer leaves it, for the folder's owner to remove by that name (collect_garbage,
+    hippo_gpu.parts). The folder must exist.
+
+    Args:
+        path: the file to replace (or create).
+        data: UTF-8 text, bytes, or a function that writes the whole file at the path it is
+            given (Parquet, safetensors and streamed JSON writers).
+        before_replace: called after the fsync, before the rename (a fault-injection point).
+
+    Returns:
+        `path`, as a Path.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            with tmp.open("wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        _fsync_path(tmp)
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_path(path.parent)
+    return path
 
 
 def _umask() -> int:
@@ -207,14 +246,9 @@ def write_version(
     step("write_manifest")
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
             "version": version, "files": files}
-    tmp_manifest = root / f".{MANIFEST}.tmp-{os.getpid()}"
-    with tmp_manifest.open("w", encoding="utf-8") as f:
-        json.dump(full, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    step("rename_manifest")
-    os.replace(tmp_manifest, root / MANIFEST)  # the commit point
-    _fsync_path(root)
+    # the rename is the commit point
+    write_atomic(root / MANIFEST, json.dumps(full, indent=2, sort_keys=True),
+                 before_replace=lambda: step("rename_manifest"))
     step("collect_garbage")
     collect_garbage(root)
     return root

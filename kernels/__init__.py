@@ -13,11 +13,10 @@ is imported only when a Triton solver is built. See README.md.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 
-__all__ = ["AVAILABLE", "FORCE_TORCH", "TRITON_AVAILABLE", "USE_TRITON"]
+__all__ = ["AVAILABLE", "FORCE_TORCH", "USE_TRITON"]
 
 _log = logging.getLogger(__name__)
 
@@ -28,7 +27,6 @@ def _flag(name: str) -> bool:
 
 FORCE_TORCH: bool = _flag("HIPPO_GPU_FORCE_TORCH")
 USE_TRITON: bool = _flag("HIPPO_GPU_PPR_TRITON")
-TRITON_AVAILABLE: bool = importlib.util.find_spec("triton") is not None
 
 try:
     from hippo_gpu.kernels import ppr_cpu  # noqa: F401  (numba; JIT-compiles on first use)

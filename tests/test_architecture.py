@@ -80,3 +80,38 @@ def test_index_is_data_only_and_nothing_guesses_signatures() -> None:
     assert "def retrieve" not in index_src and "hippo_gpu.search" not in index_src
     for path in (ROOT / "hippo_gpu").rglob("*.py"):
         assert "inspect.signature" not in path.read_text(), path
+
+
+def test_every_project_error_is_a_hippo_gpu_error_with_its_builtin_base() -> None:
+    """Every exception class the package defines derives from errors.HippoGpuError (so the CLI
+    reports it with one handler) and keeps a builtin base besides (so `except ValueError` etc.
+    around a call still catch it). Read from the source, so optional extras need not import."""
+    import builtins
+
+    bases: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "hippo_gpu").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id if isinstance(b, ast.Name) else
+                                    b.attr if isinstance(b, ast.Attribute) else "" for b in
+                                    node.bases]
+
+    def builtin(name: str) -> bool:
+        obj = getattr(builtins, name, None)
+        return isinstance(obj, type) and issubclass(obj, BaseException)
+
+    def ancestors(name: str) -> set[str]:
+        out = set()
+        for b in bases.get(name, []):
+            out |= {b} | ancestors(b)
+        return out
+
+    errors = [n for n in bases if n != "HippoGpuError"
+              and any(builtin(a) for a in ancestors(n))]
+    assert {"DataFormatError", "IndexFormatError", "ConvergenceError", "QueryFailure",
+            "BackendUnavailable", "QueueFullError"} <= set(errors)
+    for name in errors:
+        up = ancestors(name)
+        assert "HippoGpuError" in up, f"{name} does not derive from HippoGpuError"
+        assert any(builtin(a) and a != "Exception" for a in up), \
+            f"{name} has no builtin base besides Exception"

@@ -97,3 +97,18 @@ def test_streamed_safetensors_read_by_safetensors_and_by_the_memory_map(tmp_path
     mapped = load_safetensors_mmap(path)["emb"]
     mapped[0, 0] = 99.0  # copy-on-write: the file is unchanged
     assert torch.equal(load_file(str(path))["emb"], tensors["emb"])
+
+
+def test_write_atomic_leaves_nothing_on_error(tmp_path):
+    from hippo_gpu.store import write_atomic
+
+    path = write_atomic(tmp_path / "f.txt", "old")
+
+    def broken(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, broken)
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]

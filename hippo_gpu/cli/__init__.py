@@ -16,8 +16,9 @@ from __future__ import annotations
 import typer
 
 from hippo_gpu.cli import demo, evaluate, index, llm, mcp, retrieve, serve
+from hippo_gpu.cli.common import CommandGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=CommandGroup, add_completion=False, no_args_is_help=True,
                   help="HippoRAG (v1 and 2) retrieval as batched tensor work on CPU and CUDA.")
 for _module in (demo, index, evaluate, retrieve, llm, serve, mcp):
     _module.register(app)

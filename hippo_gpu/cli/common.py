@@ -1,15 +1,17 @@
-"""What every command shares: consoles, thread set-up, the cache root, error exit, tables."""
+"""What every command shares: consoles, thread set-up, error exit (one handler of HippoGpuError
+for the whole app), tables."""
 
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
+
+from hippo_gpu.errors import HippoGpuError
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -33,15 +35,22 @@ def setup(threads: int | None, verbose: bool = False) -> int:
     return n
 
 
-def cache_root() -> Path:
-    """$HIPPO_GPU_CACHE, else ~/.cache/hippo_gpu: embeddings, LLM replies, cached indexes."""
-    return Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
-
-
 def fail(msg: str) -> NoReturn:
     """Print an error and exit with status 2."""
     err_console.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(2)
+
+
+class CommandGroup(TyperGroup):
+    """The app's command group: a HippoGpuError out of any command is the user's to fix and
+    says how, so it ends the command as `fail` does (its message, exit status 2), not as a
+    traceback. Builtin errors stay with the commands, which know when one is the user's."""
+
+    def invoke(self, ctx: Any) -> Any:  # a click Context (newer typer vendors its own click)
+        try:
+            return super().invoke(ctx)
+        except HippoGpuError as e:
+            fail(str(e))
 
 
 def timing_table(timings: dict[str, float], title: str) -> Table:

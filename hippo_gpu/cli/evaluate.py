@@ -10,14 +10,12 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import cache_root, console, err_console, fail, setup
-from hippo_gpu.config import MODES, EncoderConfig, RetrievalConfig
+from hippo_gpu.cli.common import console, err_console, fail, setup
+from hippo_gpu.config import ENTITY_MODES, MODES, EncoderConfig, RetrievalConfig, cache_root
 
 if TYPE_CHECKING:
     from hippo_gpu.search import Searcher
     from hippo_gpu.searcher_spec import SearcherSpec
-
-ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that take query entities
 
 
 def _find_openie(data: Path) -> Path:
@@ -116,7 +114,7 @@ def eval_cmd(
     console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
                   f"device {idx.device}, precision {idx.precision}, {n} threads")
     entities, entity_source = None, "capitalised spans"
-    if {"hipporag1", "hybrid"} & set(mode_list):
+    if set(ENTITY_MODES) & set(mode_list):
         entities, entity_source = _query_entities(questions, query_ner, llm)
         console.print(f"query entities (hipporag1, hybrid): {entity_source}")
     fact_filter = None

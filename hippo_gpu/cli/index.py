@@ -9,21 +9,21 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import LLM_HELP, cache_root, console, fail, setup, timing_table
-from hippo_gpu.config import EncoderConfig, GraphConfig
+from hippo_gpu.cli.common import LLM_HELP, console, fail, setup, timing_table
+from hippo_gpu.config import EncoderConfig, GraphConfig, cache_root
 
 
 def _passages_and_openie(corpus: Path, openie: Path | None, llm: str | None,
                          extracted: Path) -> tuple[list, Path]:
     """Read the corpus once; take its OpenIE from the file, or extract it with the LLM into
     `extracted` (crash-safe: rerunning reuses the LLM cache)."""
-    from hippo_gpu.data import DataFormatError, as_passages
+    from hippo_gpu.data import as_passages
 
     if (openie is None) == (llm is None):
         fail("give exactly one of --openie FILE or --llm SPEC")
     try:
         passages = as_passages(corpus)
-    except (DataFormatError, OSError) as e:
+    except OSError as e:
         fail(str(e))
     if llm is None:
         assert openie is not None
@@ -63,7 +63,6 @@ def index(
 ) -> None:
     """Build an index from a corpus and its OpenIE output (or extract it with --llm first)."""
     from hippo_gpu.build import build_index
-    from hippo_gpu.data import DataFormatError
 
     n = setup(threads, verbose)
     passages, openie_path = _passages_and_openie(corpus, openie, llm,
@@ -77,7 +76,7 @@ def index(
             allow_missing_openie=allow_missing_openie, show_progress=True,
             embeddings=embeddings,
         )
-    except (DataFormatError, ValueError) as e:
+    except ValueError as e:
         fail(str(e))
     console.print(timing_table(idx.timings, f"index built in {out} ({n} threads)"))
     console.print_json(json.dumps(idx.stats()))
@@ -86,12 +85,9 @@ def index(
 def stats(path: Path = typer.Argument(..., help="index directory"),
           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Print an index's counts (upstream graph_info definitions)."""
-    from hippo_gpu.index import IndexFormatError, load_index
+    from hippo_gpu.index import load_index
 
-    try:
-        s = load_index(path, device="cpu").stats()
-    except IndexFormatError as e:
-        fail(str(e))
+    s = load_index(path, device="cpu").stats()
     if as_json:
         print(json.dumps(s))
         return
@@ -129,8 +125,6 @@ def insert(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Add passages to an index: one atomic commit, equal to a rebuild of the new corpus."""
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.store import IndexFormatError, WriterLockedError
     from hippo_gpu.writer import IndexWriter
 
     n = setup(threads, verbose)
@@ -145,7 +139,7 @@ def insert(
                 return
             w.commit()
             report = w.last_change
-    except (DataFormatError, IndexFormatError, WriterLockedError, OSError, KeyError) as e:
+    except (OSError, KeyError) as e:
         fail(str(e))
     console.print(_change_table(report, f"inserted into {path} (version {report.version})"))
     console.print(timing_table(report.stage_seconds, f"stages ({n} threads)"))
@@ -161,8 +155,6 @@ def delete(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Remove passages from an index: one atomic commit, equal to a rebuild without them."""
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.store import IndexFormatError, WriterLockedError
     from hippo_gpu.writer import IndexWriter
 
     n = setup(threads, verbose)
@@ -184,7 +176,7 @@ def delete(
             report = w.last_change
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e))
-    except (DataFormatError, IndexFormatError, WriterLockedError, OSError) as e:
+    except OSError as e:
         fail(str(e))
     console.print(_change_table(report, f"deleted from {path} (version {report.version})"))
     console.print(timing_table(report.stage_seconds, f"stages ({n} threads)"))
@@ -192,21 +184,12 @@ def delete(
 
 def compact(path: Path = typer.Argument(..., help="index directory")) -> None:
     """Remove old versions no reader holds and a killed writer's leftovers."""
-    from hippo_gpu.store import (
-        IndexFormatError,
-        WriterLockedError,
-        collect_garbage,
-        is_index_dir,
-        writer_lock,
-    )
+    from hippo_gpu.store import collect_garbage, is_index_dir, writer_lock
 
     if not is_index_dir(path):
         fail(f"{path} is not a hippo-gpu index")
-    try:
-        with writer_lock(path):
-            removed = collect_garbage(path)
-    except (IndexFormatError, WriterLockedError) as e:
-        fail(str(e))
+    with writer_lock(path):
+        removed = collect_garbage(path)
     console.print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
 
 

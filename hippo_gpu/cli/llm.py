@@ -53,8 +53,6 @@ def extract(
                                                     "again, to the next endpoint"),
 ) -> None:
     """Run OpenIE over a corpus with an LLM; resumes from the cache, retries failed passages."""
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.llm.backends import BackendError, BackendSpecError
     from hippo_gpu.llm.extract import OpenIEConfig, extract_openie
 
     config = OpenIEConfig(max_entities=max_entities, max_triples=max_triples)
@@ -76,8 +74,7 @@ def extract(
         else:
             report = extract_openie(corpus, llm, out, cache_path=cache, config=config,
                                     wave_size=wave_size, backend_options=options)
-    except (DataFormatError, BackendSpecError, BackendError, ValueError, OSError,
-            ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:
         fail(str(e))
     finally:
         if started:
@@ -121,9 +118,9 @@ def qa(
 ) -> None:
     """Retrieve, then read with an LLM: EM/F1 (SQuAD normalisation) next to recall."""
     from hippo_gpu.build import build_index
-    from hippo_gpu.data import DataFormatError, as_passages, read_questions
+    from hippo_gpu.data import as_passages, read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.llm.backends import BackendError, BackendSpecError, make_backend
+    from hippo_gpu.llm.backends import make_backend
     from hippo_gpu.llm.cache import LLMCache
     from hippo_gpu.llm.extract import extract_openie
     from hippo_gpu.llm.filter import RecognitionMemoryFilter
@@ -134,15 +131,11 @@ def qa(
     try:
         passages = as_passages(data / "corpus.json")
         questions = read_questions(data / "questions.json")[:limit]
-    except (DataFormatError, OSError) as e:
+    except OSError as e:
         fail(str(e))
     index_dir = index or Path("runs") / f"qa-{data.name}"
     cache_path = cache or index_dir.with_name(index_dir.name + ".llm-cache.sqlite")
-    try:
-        backend = make_backend(llm, **_options_for(llm, _backend_options(api_key_env,
-                                                                         concurrency)))
-    except (BackendSpecError, BackendError) as e:
-        fail(str(e))
+    backend = make_backend(llm, **_options_for(llm, _backend_options(api_key_env, concurrency)))
     with backend, LLMCache(cache_path) as llm_cache:
         t0 = time.perf_counter()
         spec = SearcherSpec(index_dir, device=device)

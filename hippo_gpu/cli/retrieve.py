@@ -44,8 +44,6 @@ def retrieve(
     command and it continues from the committed parts, as the local one).
     """
     from hippo_gpu.batch import retrieve_file
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.index import IndexFormatError
     from hippo_gpu.searcher_spec import SearcherSpec
 
     n = setup(threads)
@@ -64,7 +62,7 @@ def retrieve(
         searcher = spec.open()
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
                                batch_size=batch_size, part_size=part_size, skip_bad=skip_bad)
-    except (DataFormatError, IndexFormatError, FileNotFoundError, ImportError, ValueError) as e:
+    except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
                   f"from committed parts, {report.bad} malformed, {report.failed} failed"
@@ -75,9 +73,6 @@ def retrieve(
 def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *, mode: str,
                   top_k: int, batch_size: int, part_size: int, skip_bad: bool, workers: int,
                   cpus_per_worker: float, gpus_per_worker: float) -> None:
-    from hippo_gpu.data import DataFormatError
-    from hippo_gpu.index import IndexFormatError
-
     try:
         from hippo_gpu.distributed.cluster import connect
         from hippo_gpu.distributed.ray_batch import retrieve_ray
@@ -93,7 +88,7 @@ def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *,
                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
                               mode=mode, top_k=top_k, batch_size=batch_size,
                               part_size=part_size, skip_bad=skip_bad, show_progress=True)
-    except (DataFormatError, IndexFormatError, FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     finally:
         if started:

@@ -18,13 +18,15 @@ Data flow:
             it reads the chunk's rows from the query file, checks them with
             hippo_gpu.batch.check_row (the local command's rule), answers them with
             hippo_gpu.batch.answer_rows (the local command's code) in batches of batch_size, and
-            commits OUT.parts/part-<chunk>.parquet (temporary name, fsync, rename). It returns one
-            small manifest row per chunk, which the driver streams (progress, counts).
+            commits OUT.parts/part-<chunk>.parquet (hippo_gpu.parts: temporary name, fsync,
+            rename). It returns one small manifest row per chunk, which the driver streams
+            (progress, counts).
     join    the driver reads part 0, 1, 2, ... in order, checks that input positions only
             increase, and writes OUT with hippo_gpu.batch.write_answers (atomic, the local
             format); then it removes OUT.parts.
 
-Exactly once. A part holds exactly the rows of its chunk and is named by the chunk, and a chunk's
+Exactly once. OUT.parts follows the resumable-parts protocol of hippo_gpu.parts (the local
+command's): a part holds exactly the rows of its chunk and is named by the chunk, and a chunk's
 rows are fixed by the saved plan, so no row can be in two parts and a part is complete or absent:
 - a killed actor (killed, OOM, os._exit): Ray restarts it (up to `max_restarts`) and resubmits its
   chunks (`max_task_retries`); a chunk committed twice renames the same rows over the same name.
@@ -48,12 +50,10 @@ of the cluster. Threads per replica are set apart from its Ray CPUs (the Searche
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import re
-import shutil
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -67,8 +67,10 @@ import ray
 from hippo_gpu.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
 from hippo_gpu.searcher_spec import SearcherSpec
+from hippo_gpu.store import write_atomic
 
 __all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
 
@@ -146,7 +148,8 @@ class IndexActor:
                                f"the run was planned on version {index_version} (a commit in "
                                "between)")
         self.load_seconds = time.perf_counter() - t0
-        self.queries, self.kind, self.parts = Path(queries), kind, Path(parts)
+        self.queries, self.kind = Path(queries), kind
+        self.parts = RunParts(parts, run_file=RUN_FILE, part=PART)
         self.skip_bad = skip_bad
         self.mode, self.top_k, self.batch_size = mode, top_k, batch_size
         self._group: tuple[int, pa.Table] | None = None  # Parquet: the last row group read
@@ -157,7 +160,7 @@ class IndexActor:
         for chunk, span in zip(chunks.column("chunk").to_pylist(),
                                chunks.column("span").to_pylist()):
             answers = self.answer(self.read(chunk, span))
-            _commit(self.parts / PART.format(chunk), answers)
+            self.parts.commit(chunk, functools.partial(pq.write_table, answers))
             status = answers.column("status").to_pylist()
             done["chunk"].append(chunk)
             done["rows"].append(answers.num_rows - status.count("blank"))
@@ -247,21 +250,11 @@ def _check(raw: Any) -> tuple[str, str | None, str | None, list[str] | None, str
     return "ok", json.dumps(rid), query, list(ents) if ents is not None else None, None
 
 
-def _commit(path: Path, table: pa.Table) -> None:
-    """Write `table` to `path` atomically: a temporary name in the same folder, fsync, rename.
-    A rerun removes the temporary files of writers that died."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    pq.write_table(table, tmp)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass
 class _Join:
     """Walks the committed parts in input order; collects the malformed rows."""
 
-    parts: Path
+    parts: RunParts
     chunks: int
     source: Path
     kind: str
@@ -273,12 +266,11 @@ class _Join:
     def answers(self) -> Iterator[dict[str, Any]]:
         position = 0  # lines (JSONL, blank ones included) or rows (Parquet) seen so far
         last = -1
-        for chunk in range(self.chunks):
-            table = pq.read_table(self.parts / PART.format(chunk), schema=OUT_SCHEMA)
+        for chunk, path in enumerate(self.parts.in_order(self.chunks)):
+            table = pq.read_table(path, schema=OUT_SCHEMA)
             for r in table.to_pylist():
                 if r["_order"] <= last or r["_order"] >> ROW_BITS != chunk:
-                    raise RuntimeError(f"{self.parts / PART.format(chunk)}: input position "
-                                       f"{r['_order']} out of place")
+                    raise RuntimeError(f"{path}: input position {r['_order']} out of place")
                 last = r["_order"]
                 position += 1
                 if r["status"] == "blank":
@@ -316,31 +308,13 @@ def _run_identity(queries: Path, index: Path, kind: str, mode: str, top_k: int,
             "mode": mode, "top_k": top_k, "part_size": part_size}
 
 
-def _open_run(parts: Path, identity: dict[str, Any], queries: Path) -> list[list[int]]:
-    """The plan of this run: the saved one when OUT.parts holds the same run (its temporary
-    files removed), else a new one (OUT.parts created). Refuses parts of another run."""
-    run_file = parts / RUN_FILE
-    if parts.exists() and not run_file.exists():
-        if (parts / "run.json").exists():
-            raise DataFormatError(f"{parts} holds parts of a local run; finish it with the "
-                                  "local command or remove it")
-        raise DataFormatError(f"{parts} exists but holds no {RUN_FILE}; remove it")
-    if run_file.exists():
-        saved = json.loads(run_file.read_text(encoding="utf-8"))
-        before = saved.get("identity", {})  # none: an earlier release's Ray run
-        diff = sorted(k for k in identity if before.get(k) != identity[k])
-        if diff:
-            raise DataFormatError(f"{parts} holds parts of another run (differs in "
-                                  f"{', '.join(diff)}); rerun that command or remove it")
-        for tmp in parts.glob(".part-*.tmp-*"):  # a writer died before its rename
-            tmp.unlink(missing_ok=True)
-        return [list(c) for c in saved["plan"]]
-    plan = plan_chunks(queries, identity["part_size"])
-    parts.mkdir(parents=True)
-    tmp = parts / f".{RUN_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"identity": identity, "plan": plan}), encoding="utf-8")
-    os.replace(tmp, run_file)
-    return plan
+def _open_run(parts: RunParts, identity: dict[str, Any], queries: Path) -> list[list[int]]:
+    """The plan of this run: the saved one when OUT.parts holds the same run, else a new one
+    (saved with the identity). Refuses parts of another run (hippo_gpu.parts)."""
+    saved = parts.resume(identity)
+    if saved is None:
+        saved = parts.start(identity, plan=plan_chunks(queries, identity["part_size"]))
+    return [list(c) for c in saved["plan"]]
 
 
 def retrieve_ray(
@@ -405,10 +379,10 @@ def retrieve_ray(
         raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs exceed the cluster's "
                          f"{cpus:g} CPUs; lower cpus_per_worker (the spec's threads set the "
                          "torch threads)")
-    parts = out.with_name(out.name + ".parts")
+    parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
     identity = _run_identity(queries, index, kind, mode, top_k, part_size)
     plan = _open_run(parts, identity, queries)
-    committed = frozenset(int(p.name[5:13]) for p in parts.glob("part-*.parquet"))
+    committed = parts.committed()
     todo = [{"chunk": i, "span": span} for i, span in enumerate(plan) if i not in committed]
     report = BatchReport()
     start = time.perf_counter()
@@ -426,7 +400,7 @@ def retrieve_ray(
                 fn_constructor_args=(spec,),
                 fn_constructor_kwargs=dict(
                     index_version=identity["index_version"], queries=str(queries), kind=kind,
-                    parts=str(parts), skip_bad=skip_bad, mode=mode, top_k=top_k,
+                    parts=str(parts.dir), skip_bad=skip_bad, mode=mode, top_k=top_k,
                     batch_size=batch_size),
                 batch_size=1, batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=workers),
@@ -443,9 +417,6 @@ def retrieve_ray(
             raise
         finally:
             bar.close()
-    missing = [i for i in range(len(plan)) if not (parts / PART.format(i)).exists()]
-    if missing:
-        raise RuntimeError(f"{parts}: chunks {missing[:5]} have no committed part after the run")
     bad: list[dict[str, Any]] = []
     join = _Join(parts, len(plan), queries, kind, committed, bad)
     write_answers(out, join.answers())
@@ -454,10 +425,8 @@ def retrieve_ray(
     report.parts = len(plan)
     if bad:
         bad_file = out.with_name(out.name + ".bad.jsonl")
-        tmp = bad_file.with_name(f".{bad_file.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(b) + "\n" for b in bad), encoding="utf-8")
-        os.replace(tmp, bad_file)
+        write_atomic(bad_file, "".join(json.dumps(b) + "\n" for b in bad))
         report.bad_file = str(bad_file)
-    shutil.rmtree(parts)
+    parts.remove()
     report.seconds = time.perf_counter() - start
     return report

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -45,6 +44,7 @@ from hippo_gpu.embed.onnx_backend import (
 from hippo_gpu.embed.rows import l2_normalize
 from hippo_gpu.embed.sources import HashEncoder, hash_encoder_dim
 from hippo_gpu.progress import progress
+from hippo_gpu.store import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +96,14 @@ class EmbeddingCache:
         return len(self._rows)
 
     def put(self, digests: Sequence[bytes], emb: np.ndarray) -> None:
-        """Write one shard atomically (temp file + rename)."""
+        """Write one shard atomically (store.write_atomic)."""
         if len(digests) == 0:
             return
         md5 = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 16)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        os.close(fd)
-        save_file({"md5": md5, "emb": np.ascontiguousarray(emb, dtype=np.float32)}, tmp)
+        shard: dict[str, np.ndarray] = {"md5": md5,
+                                        "emb": np.ascontiguousarray(emb, dtype=np.float32)}
         name = f"shard-{os.getpid()}-{hashlib.md5(md5.tobytes()).hexdigest()[:12]}.safetensors"
-        os.replace(tmp, self.dir / name)
+        write_atomic(self.dir / name, lambda tmp: save_file(shard, str(tmp)))
         for d, v in zip(digests, emb):
             self._rows[d] = v
 

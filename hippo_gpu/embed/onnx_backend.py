@@ -33,7 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from hippo_gpu.config import cache_root
 from hippo_gpu.embed.rows import l2_normalize, length_buckets
+from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.store import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +55,14 @@ PARITY_TEXTS = (
 )
 
 
-class OnnxExportError(RuntimeError):
+class OnnxExportError(HippoGpuError, RuntimeError):
     """The model could not be exported to ONNX or loaded by ONNX Runtime."""
 
 
 def default_onnx_dir() -> Path:
-    """Where exported encoders live: $HIPPO_GPU_CACHE/onnx, else ~/.cache/hippo_gpu/onnx."""
-    root = os.environ.get("HIPPO_GPU_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "hippo_gpu") / "onnx"
+    """Where exported encoders live: cache_root()/onnx ($HIPPO_GPU_CACHE/onnx, else
+    ~/.cache/hippo_gpu/onnx)."""
+    return cache_root() / "onnx"
 
 
 def embedding_dim(model: Any) -> int:
@@ -262,13 +265,13 @@ def load_onnx_encoder(model: Any, name: str, root: Path, threads: int,
             fused = export_onnx(model, tmp / "model.onnx")
             enc = OnnxEncoder(tmp / "model.onnx", model, threads)
         except OnnxExportError as e:
-            _write_atomic(failed, str(e))
+            write_atomic(failed, str(e))
             raise
         seconds = time.perf_counter() - start
         err = parity(enc)
         if err >= ONNX_PARITY_ATOL:
             msg = f"export differs from torch by {err:.2e} >= {ONNX_PARITY_ATOL:.0e}"
-            _write_atomic(failed, msg)
+            write_atomic(failed, msg)
             raise OnnxExportError(msg)
         meta = {"export_seconds": seconds, "parity_max_abs": err, "fused": fused,
                 "threads_at_export": threads}
@@ -282,11 +285,3 @@ def load_onnx_encoder(model: Any, name: str, root: Path, threads: int,
         return enc, err, seconds
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (temp file in the same directory, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hippo_gpu.config import MODES
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.search import Searcher
 
 __all__ = ["Passage", "PassageClient", "RemoteRetrievalError"]
 
 
-class RemoteRetrievalError(RuntimeError):
+class RemoteRetrievalError(HippoGpuError, RuntimeError):
     """The server answered a retrieval request with an error status or a malformed body."""
 
 

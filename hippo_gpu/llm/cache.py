@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.llm.backends import canonical_json
 
 _SCHEMA = """
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-class CacheError(RuntimeError):
+class CacheError(HippoGpuError, RuntimeError):
     """The cache file cannot be opened or is not a hippo_gpu LLM cache."""
 
 

@@ -14,7 +14,6 @@ Output (v2): {"docs": [{"idx": "chunk-<md5>", "passage": title + "\\n" + text,
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities, parse_triples
 from hippo_gpu.llm.prompts import OPENIE_NER, OPENIE_TRIPLES, entity_schema, triple_schema
 from hippo_gpu.progress import progress
+from hippo_gpu.store import write_atomic
 
 
 @dataclass(frozen=True)
@@ -370,25 +370,14 @@ def write_openie(
     results: dict[str, dict[str, Any]],
     errors: dict[str, str],
 ) -> None:
-    """Write the v2 OpenIE JSON atomically (temp file in the same folder, fsync, rename)."""
-    write_json_atomic(Path(out_path), openie_document(passages, results, errors))
+    """Write the v2 OpenIE JSON atomically (store.write_atomic: readers see the old file or the
+    new one, never a partial one)."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    document = openie_document(passages, results, errors)
 
+    def dump(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(document, f, ensure_ascii=False)
 
-def write_json_atomic(path: Path, value: Any) -> None:
-    """Readers see the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(value, f, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(out_path, dump)

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion
 from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.llm_step import LLMStep
@@ -15,7 +16,7 @@ from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entiti
 from hippo_gpu.llm.prompts import QUERY_NER, entity_schema
 
 
-class NERFileError(ValueError):
+class NERFileError(HippoGpuError, ValueError):
     """A query NER TSV lacks its columns or holds a malformed row."""
 
 

@@ -21,6 +21,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hippo_gpu.errors import HippoGpuError
+
 T = TypeVar("T", bound=Hashable)
 
 #: reasons an output is rejected (the keys of ParseStats.rejected)
@@ -35,7 +37,7 @@ REJECT_REASONS = (
 )
 
 
-class OutputRejected(ValueError):
+class OutputRejected(HippoGpuError, ValueError):
     """An LLM output that could not be parsed; `reason` is one of REJECT_REASONS."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

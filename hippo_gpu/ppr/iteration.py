@@ -126,6 +126,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hippo_gpu.errors import HippoGpuError
+
 __all__ = [
     "DEFAULT_MAX_ITER",
     "ConvergenceError",
@@ -150,7 +152,7 @@ __all__ = [
 DEFAULT_MAX_ITER = 1000
 
 
-class ConvergenceError(RuntimeError):
+class ConvergenceError(HippoGpuError, RuntimeError):
     """PPR left some columns uncertified: ``max_iter`` ran out while the bound still fell, or
     ``tol`` is below float64 round-off.
 

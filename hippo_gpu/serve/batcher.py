@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from hippo_gpu.errors import HippoGpuError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")  # one query, as the batched function takes it
@@ -42,7 +44,7 @@ R = TypeVar("R")  # one query's result
 _LATENCY_WINDOW = 10_000
 
 
-class BatcherError(RuntimeError):
+class BatcherError(HippoGpuError, RuntimeError):
     """Base class of the errors the batcher raises to callers."""
 
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from hippo_gpu.config import ENTITY_MODES
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.search import Hit, QueryFailure, Searcher
 from hippo_gpu.serve.batcher import (
     BatcherClosedError,
@@ -47,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INDEX",
-    "ENTITY_MODES",
     "INDEX_NAME",
     "Answer",
     "BatchKey",
@@ -65,11 +66,8 @@ __all__ = [
 DEFAULT_INDEX = "default"
 INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
-# Modes that read `entities`; the others ignore them.
-ENTITY_MODES = ("hybrid", "hipporag1")
 
-
-class UnknownIndexError(LookupError):
+class UnknownIndexError(HippoGpuError, LookupError):
     """A request named an index this server does not serve."""
 
     def __init__(self, name: str, served: Sequence[str]) -> None:

@@ -3,8 +3,9 @@
 Local mode is compared with `Searcher.retrieve` on the same searcher (exactly: same call shape);
 URL mode talks to a real uvicorn on 127.0.0.1 with a bearer token and is compared with local mode
 (same ranking; scores to float32 rounding, as in tests/serve/test_server.py). `batch` is
-checked to be ONE retrieval for N queries by counting calls on the real searcher. The LangChain section also
-runs langchain-tests' standard retriever suite, locally and against the server. Each framework
+checked to be ONE retrieval for N queries by counting calls on the real searcher. The LangChain
+section also runs langchain-tests' standard retriever suite, locally and against the server. Each
+framework
 section skips only when its framework is not installed.
 """
 

@@ -17,14 +17,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hippo_gpu.errors import HippoGpuError
+
 Message = dict[str, str]
 
 
-class BackendError(RuntimeError):
+class BackendError(HippoGpuError, RuntimeError):
     """An LLM backend could not be used at all (as opposed to one request failing)."""
 
 
-class BackendSpecError(ValueError):
+class BackendSpecError(HippoGpuError, ValueError):
     """A backend spec string could not be parsed."""
 
 

@@ -1,0 +1,17 @@
+"""HippoGpuError: the base of every error hippo_gpu raises on purpose.
+
+Each project error also keeps the builtin base that says what kind of failure it is
+(`IndexFormatError(HippoGpuError, ValueError)`, `WriterLockedError(HippoGpuError,
+RuntimeError)`, ...), so `except ValueError` around a call keeps working, while one
+`except HippoGpuError` separates "hippo_gpu refused this, and says why" from a bug. The command
+line catches it once (hippo_gpu.cli) and prints the message; its text is written for the user.
+This module imports nothing, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HippoGpuError"]
+
+
+class HippoGpuError(Exception):
+    """An error raised by hippo_gpu with a message meant for the user."""
