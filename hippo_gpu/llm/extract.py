@@ -285,34 +285,11 @@ def extract_openie(
             report.passages, report.out_path, report.cache_path = (
                 len(passages), str(out_path or ""), str(cache_file))
             run.t0 = time.perf_counter()
-            triples_entries = cache.get_many([run.triple_key(p) for p in passages])
-            todo: list[Passage] = []
-            for p in passages:
-                entry = triples_entries.get(run.triple_key(p))
-                if entry is not None and entry.status == "ok":
-                    run.results[p.key] = entry.value
-                    report.cached += 1
-                else:
-                    todo.append(p)
+            todo = _uncached(run, cache, passages)
             with progress(total=len(todo), desc="openie", unit="psg",
                           disable=not show_progress) as bar:
                 for lo in range(0, len(todo), wave_size):
-                    wave = todo[lo : lo + wave_size]
-                    ner_entries = cache.get_many([run.ner_key(p) for p in wave])
-                    entities: dict[str, list[str]] = {}
-                    need_ner = []
-                    for p in wave:
-                        entry = ner_entries.get(run.ner_key(p))
-                        if entry is not None and entry.status == "ok":
-                            entities[p.key] = entry.value
-                        else:
-                            need_ner.append(p)
-                    if need_ner:
-                        entities.update(run.run_ner(need_ner))
-                        run.tick(bar, sum(1 for p in need_ner if p.key in run.errors))
-                    ready = [p for p in wave if p.key in entities]
-                    if ready:
-                        run.run_triples(ready, entities, bar)
+                    _run_wave(run, cache, todo[lo : lo + wave_size], bar)
             report.seconds = time.perf_counter() - run.t0
             report.failed = len(run.errors)
             if out_path is not None:
@@ -322,6 +299,40 @@ def extract_openie(
         if owns_backend:
             backend.close()
     return report
+
+
+def _uncached(run: _Run, cache: LLMCache, passages: Sequence[Passage]) -> list[Passage]:
+    """The passages whose triples the cache does not hold (cached ones go into run.results)."""
+    entries = cache.get_many([run.triple_key(p) for p in passages])
+    todo: list[Passage] = []
+    for p in passages:
+        entry = entries.get(run.triple_key(p))
+        if entry is not None and entry.status == "ok":
+            run.results[p.key] = entry.value
+            run.report.cached += 1
+        else:
+            todo.append(p)
+    return todo
+
+
+def _run_wave(run: _Run, cache: LLMCache, wave: list[Passage], bar: Any) -> None:
+    """One wave: NER for the passages whose entities are not cached, then triples for every
+    passage that has entities."""
+    ner_entries = cache.get_many([run.ner_key(p) for p in wave])
+    entities: dict[str, list[str]] = {}
+    need_ner = []
+    for p in wave:
+        entry = ner_entries.get(run.ner_key(p))
+        if entry is not None and entry.status == "ok":
+            entities[p.key] = entry.value
+        else:
+            need_ner.append(p)
+    if need_ner:
+        entities.update(run.run_ner(need_ner))
+        run.tick(bar, sum(1 for p in need_ner if p.key in run.errors))
+    ready = [p for p in wave if p.key in entities]
+    if ready:
+        run.run_triples(ready, entities, bar)
 
 
 def openie_document(
