@@ -84,7 +84,7 @@ def corpus_state(passages: Sequence[Passage], docs: Sequence[OpenIEDoc]) -> Corp
 
 
 class Stages:
-    """Seconds per stage, with an optional progress callback for the CLI."""
+    """Seconds per build stage, accumulated by name (`lap` charges the time since the last lap)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
