@@ -4,8 +4,8 @@ and the float64 finish of the columns that stall, side by side with the unchecke
 On musique_train's two graphs (the passage graph with 100 real HippoRAG 2 reset vectors, the
 phrase graph with 100 hybrid entity seed vectors), for each solver kernel, one run:
 
-* ``unchecked``: the float32 solve with the float64 check switched off (the behaviour before
-  issue 20, whose certificates hold only up to float32 round-off of the residual);
+* ``unchecked``: the same float32 solver with its float64 check switched off (its certificates
+  hold only up to the float32 round-off of the residual, as before issue 20);
 * ``default``: the same solver as shipped (check on; a refuted or stalled column re-solved in
   float64), at the default tol 1e-6;
 * ``below floor``: tol 5e-9, below float32's floor on both graphs, so columns stall and are
