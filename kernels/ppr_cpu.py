@@ -330,17 +330,17 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     last_gap = np.full(width, np.inf)  # min top-k gap at the last check (top-k only)
     halved = np.full(width, np.inf)  # the bound when it last halved, and at which step
     halved_step = np.zeros(width, np.int64)
-    # The float64 check of a float32 certificate is one float64 sweep of the same kernel from
-    # the float32 iterate: g₆₄ = (1 − d) r̂ + d M₆₄ y, res = Σ|g₆₄ − y|, tot = Σ y per lane.
+    # The float64 check of float32 certificates is one float64 sweep of the same kernel from the
+    # float32 iterate, over just the lanes to check packed into the narrowest block that holds
+    # them: g₆₄ = (1 − d) r̂ + d M₆₄ y, res = Σ|g₆₄ − y|, tot = Σ y per lane.
     verify = data64.size > 0
     size64 = base.size if verify else 0
     res64 = np.zeros(width)
     tot64 = np.zeros(width)
-    base64 = np.empty(size64)  # r̂ as float64
+    base64 = np.empty(size64)  # the packed lanes' r̂, y and (scratch) g, as float64
     y64 = np.empty(size64)
     g64 = np.empty(size64)
-    for k in range(size64):
-        base64[k] = base[k]
+    lane_of = np.zeros(width, np.int64)
     new = np.zeros(width, np.bool_)  # lanes certified in float32 this step, to verify
     topk_new = np.zeros(width, np.bool_)
     refuted = np.zeros(width, np.int64)  # float32 certificates the float64 check refuted
@@ -393,15 +393,30 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                     finished[c] = True
                     iterations[q0 + c] = max_iter
         if verify and new.any():  # the float32 certificates, on the float64 residual
-            for k in range(size64):
-                y64[k] = y[k]
-            _sweep_any(n, indptr, indices, data64, base64, np.float64(one_minus_d), y64, g64,
-                       np.float64(1.0), res64, tot64, width)
+            m = 0
             for c in range(live):
-                if not new[c]:
-                    continue
-                rho = res64[c] + slack
-                bound = bound_factor * rho / tot64[c] if tot64[c] > 0 else np.inf
+                if new[c]:
+                    lane_of[m] = c
+                    m += 1
+            w64 = 4
+            while w64 < m:
+                w64 *= 2
+            for i in range(n):
+                row, row64 = i * width, i * w64
+                for k in range(w64):
+                    if k < m:
+                        base64[row64 + k] = base[row + lane_of[k]]
+                        y64[row64 + k] = y[row + lane_of[k]]
+                    else:
+                        base64[row64 + k] = 0.0
+                        y64[row64 + k] = 0.0
+            _sweep_any(n, indptr, indices, data64, base64[:n * w64], np.float64(one_minus_d),
+                       y64[:n * w64], g64[:n * w64], np.float64(1.0), res64[:w64], tot64[:w64],
+                       w64)
+            for k in range(m):
+                c = lane_of[k]
+                rho = res64[k] + slack
+                bound = bound_factor * rho / tot64[k] if tot64[k] > 0 else np.inf
                 bounds[q0 + c] = bound
                 ok = bound <= tol or (topk_new[c] and last_gap[c] > rho / one_minus_d)
                 if ok:
