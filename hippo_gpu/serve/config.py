@@ -38,13 +38,9 @@ class QueryLimits:
             _check_positive(f.name, getattr(self, f.name))
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class ServerConfig:
     """Server limits; each one is also in the OpenAPI schema (violations -> 422).
-
-    `ServerConfig(max_top_k=50)` is short for `ServerConfig(limits=QueryLimits(max_top_k=50))`:
-    keyword arguments named after `QueryLimits` fields replace those fields of `limits`, so a
-    caller (the CLI, a test) can give every limit flat.
 
     Attributes:
         batcher: micro-batching limits (max_batch, max_wait_ms, max_queue).
@@ -56,34 +52,22 @@ class ServerConfig:
             (ImportError without it), False never.
     """
 
-    batcher: BatcherConfig
-    max_queries_per_request: int
-    limits: QueryLimits
-    token: str | None = dataclasses.field(repr=False)
-    mcp: bool | None
+    batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
+    max_queries_per_request: int = 64
+    limits: QueryLimits = dataclasses.field(default_factory=QueryLimits)
+    token: str | None = dataclasses.field(default=None, repr=False)
+    mcp: bool | None = None
 
-    def __init__(self, batcher: BatcherConfig | None = None, max_queries_per_request: int = 64,
-                 *, limits: QueryLimits | None = None, token: str | None = None,
-                 mcp: bool | None = None, **per_query: int) -> None:
-        # Checked before `limits` is built, so the first bad limit named is the first one listed.
-        _check_positive("max_queries_per_request", max_queries_per_request)
-        unknown = sorted(set(per_query) - {f.name for f in dataclasses.fields(QueryLimits)})
-        if unknown:
-            raise TypeError(f"ServerConfig() got unexpected keyword arguments {unknown}")
-        batcher = batcher or BatcherConfig()
-        limits = dataclasses.replace(limits or QueryLimits(), **per_query)
-        if max_queries_per_request > batcher.max_queue:
+    def __post_init__(self) -> None:
+        _check_positive("max_queries_per_request", self.max_queries_per_request)
+        if self.max_queries_per_request > self.batcher.max_queue:
             # Such a request could never be queued: it would always get 429.
             raise ValueError(
-                f"max_queries_per_request ({max_queries_per_request}) exceeds max_queue "
-                f"({batcher.max_queue})"
+                f"max_queries_per_request ({self.max_queries_per_request}) exceeds max_queue "
+                f"({self.batcher.max_queue})"
             )
-        if token is not None and not token.strip():
+        if self.token is not None and not self.token.strip():
             raise ValueError("token must be None or a non-blank string")
-        for name, value in (("batcher", batcher),
-                            ("max_queries_per_request", max_queries_per_request),
-                            ("limits", limits), ("token", token), ("mcp", mcp)):  # fmt: skip
-            object.__setattr__(self, name, value)
 
     @property
     def max_body_bytes(self) -> int:

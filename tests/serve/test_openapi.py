@@ -25,6 +25,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from hippo_gpu.config import MODES  # noqa: E402
+from hippo_gpu.serve.config import QueryLimits  # noqa: E402
 from hippo_gpu.serve.schema import NONBLANK, WHITESPACE, request_model  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.serve.helpers import serving  # noqa: E402
@@ -32,12 +33,10 @@ from tests.serve.helpers import serving  # noqa: E402
 TOKEN = "openapi-token-5d2e"
 SEED = 20240610
 # Small limits keep each generated request cheap (hybrid/hipporag1 encode every entity).
-LIMITS: dict[str, int] = {
+LIMITS: dict[str, Any] = {
     "max_queries_per_request": 4,
-    "max_query_chars": 64,
-    "max_entities_per_query": 3,
-    "max_entity_chars": 24,
-    "max_top_k": 40,
+    "limits": QueryLimits(max_query_chars=64, max_entities_per_query=3, max_entity_chars=24,
+                          max_top_k=40),
 }
 OPERATIONS = {
     ("/v1/retrieve", "post"): "retrieve",
@@ -49,7 +48,7 @@ OPERATIONS = {
 }
 
 
-def _spec(searcher: Any, token: str | None = None, **limits: int) -> dict[str, Any]:
+def _spec(searcher: Any, token: str | None = None, **limits: Any) -> dict[str, Any]:
     return create_app(searcher, ServerConfig(token=token, **limits)).openapi()
 
 

@@ -33,6 +33,7 @@ import uvicorn  # noqa: E402
 from hippo_gpu.config import MODES  # noqa: E402
 from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
+from hippo_gpu.serve.config import QueryLimits  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.serve.helpers import (  # noqa: E402
@@ -201,8 +202,8 @@ def test_overflow_gets_429_and_queued_requests_still_complete(
 
 def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
     """Anything outside the schema is 422; only a body over the byte limit is 413."""
-    config = ServerConfig(max_queries_per_request=4, max_query_chars=100, max_top_k=50,
-                          max_entities_per_query=2, max_entity_chars=20)  # fmt: skip
+    config = ServerConfig(max_queries_per_request=4, limits=QueryLimits(
+        max_query_chars=100, max_top_k=50, max_entities_per_query=2, max_entity_chars=20))
     cases_422 = [
         {"queries": ["q"] * 5},  # more than max_queries_per_request
         {"queries": ["x" * 101]},  # longer than max_query_chars
