@@ -176,3 +176,28 @@ def test_concurrency_bounds_requests_in_flight(server: ScriptedServer) -> None:
     assert all(d.error is None for d in done)
     assert len(server.arrivals) == 12
     assert server.max_in_flight == 2  # retries and sleeps happen inside the semaphore
+
+
+class _DyingTransport:
+    """A client whose transport fails the way httpcore's anyio backend does when the server
+    closes the socket while the connection is opened (seen in CI on a dying fault server)."""
+
+    def __init__(self, message: str) -> None:
+        self.chat = self
+        self.completions = self
+        self.message = message
+
+    async def create(self, **kw: Any) -> Any:
+        raise AttributeError(self.message)
+
+
+def test_a_connection_closed_while_opening_is_a_connection_failure() -> None:
+    import asyncio
+
+    b = OpenAIBackend("m", "http://127.0.0.1:9/v1", timeout=1.0, max_retries=0)
+    request = ChatRequest(messages=({"role": "user", "content": "hi"},), max_tokens=4)
+    dying = _DyingTransport("'NoneType' object has no attribute 'getpeername'")
+    done = asyncio.run(b._request(dying, request))
+    assert done.text is None and done.error == "connection"
+    with pytest.raises(AttributeError, match="something else"):  # our own bugs still surface
+        asyncio.run(b._request(_DyingTransport("something else"), request))

@@ -154,6 +154,13 @@ class OpenAIBackend(Backend):
                 return Completion(None, f"http_{e.status_code}")
             except openai.APIResponseValidationError:
                 return Completion(None, "bad_response")
+            except AttributeError as e:
+                # httpcore's anyio backend reads the peer address of a socket that the dying
+                # server already closed ('NoneType' object has no attribute 'getpeername'):
+                # the connection failed while being opened, so it is one. Anything else is ours.
+                if "getpeername" not in str(e):
+                    raise
+                return Completion(None, "connection")
 
     def _backoff(self, attempt: int) -> float:
         """Seconds before retry `attempt` (0-based) when the server gave no Retry-After."""
