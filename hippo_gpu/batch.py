@@ -226,7 +226,7 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
     """The answers {"id", "keys", "titles", "scores"} to `rows`, in order. Rows with and
     without entities are batched apart (a query without entities uses the searcher's default
     for the mode). Stage times are added into `stage_seconds` when given. A row whose retrieval
-    failed (hippo_gpu.search.Ranking.failed) has empty lists and an "error" saying why."""
+    failed (hippo_gpu.results.Ranking.failed) has empty lists and an "error" saying why."""
     out: dict[int, dict[str, Any]] = {}
     with_ents = [r for r in rows if r.entities is not None]
     without = [r for r in rows if r.entities is None]

@@ -13,7 +13,8 @@ from typing import Any
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import Question
-from hippo_gpu.search import FactFilter, Ranking, Searcher
+from hippo_gpu.results import FactFilter, Ranking
+from hippo_gpu.search import Searcher
 
 RECALL_KS = (1, 2, 5, 10, 20, 50, 100, 200)
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -52,87 +52,18 @@ from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_p
 from hippo_gpu.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
 from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
+from hippo_gpu.results import (
+    FactFilter,
+    FilterResult,
+    Hit,
+    PPRReport,
+    QueryFailure,
+    Ranking,
+)
 from hippo_gpu.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
 from hippo_gpu.store import IndexFormatError
 
-__all__ = ["FactFilter", "FilterResult", "Hit", "QueryFailure", "Ranking", "Searcher"]
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One ranked passage for one query."""
-
-    key: str  # "chunk-" + md5(title + "\n" + text)
-    title: str
-    score: float
-    rank: int  # 0-based position in the ranking
-    row: int  # passage row in the index (0..P-1): index.passage_texts[row] is its text
-
-
-class FilterResult(Protocol):
-    """What retrieval reads of a filter's answer (hippo_gpu.llm.filter.FilterOutcome or alike)."""
-
-    kept: list[list[int]]
-    fallbacks: int
-
-
-class FactFilter(Protocol):
-    """Recognition memory: (queries, candidate facts per query) -> kept candidate indices."""
-
-    def __call__(self, queries: list[str], candidates: list[list[Triple]]) -> FilterResult: ...
-
-
-@dataclass
-class Ranking:
-    """Batched retrieval output. Shapes: Q queries, K = min(top_k, P)."""
-
-    passage_rows: Tensor  # [Q, K] int64 passage rows, best first
-    scores: Tensor  # [Q, K] float
-    stage_seconds: dict[str, float]
-    dense_fallback: Tensor  # [Q] bool: query answered by the dense ranking
-    seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
-    filter_outcome: FilterResult | None = None
-    # [Q] float64: the worst certified L1 bound of the PPR solves behind each query (0: none)
-    ppr_bound: Tensor | None = None
-    ppr_refined: Tensor | None = None  # [Q] bool: a stalled float32 solve finished in float64
-    failed: dict[int, str] = field(default_factory=dict)  # query row -> why it has no answer
-
-    def record(self, solution: PPRSolution, rows: Tensor) -> None:
-        """Fold one PPR solve into the per-query report; ``rows`` [c] are the query rows of
-        its columns (-1: a placeholder column whose PPR is discarded)."""
-        q = self.passage_rows.shape[0] if self.ppr_bound is None else self.ppr_bound.numel()
-        if self.ppr_bound is None or self.ppr_refined is None:
-            self.ppr_bound = torch.zeros(q, dtype=torch.float64)
-            self.ppr_refined = torch.zeros(q, dtype=torch.bool)
-        rows = rows.cpu()
-        used = torch.nonzero(rows >= 0).flatten()
-        mine = rows[used]
-        bound = solution.bound.cpu().double()[used]
-        self.ppr_bound[mine] = torch.maximum(self.ppr_bound[mine], bound)
-        self.ppr_refined[mine] |= solution.refined.cpu()[used]
-        for col, why in solution.failures().items():
-            row = int(rows[col])
-            if row >= 0:
-                self.failed.setdefault(row, why)
-
-
-class QueryFailure(ConvergenceError):
-    """Some queries of a batch have no answer (their PPR is uncertified); the others do.
-
-    Attributes:
-        failures: {query row: why}.
-        hits: the answers of every query, [] for a failed one.
-        seeds: the seed facts of every query (``return_seeds``), else None.
-    """
-
-    def __init__(self, failures: dict[int, str], hits: list[list[Hit]],
-                 seeds: list[list[Triple]] | None = None) -> None:
-        rows = sorted(failures)
-        super().__init__(f"{len(rows)} of {len(hits)} queries failed (rows {rows[:10]}): "
-                         f"{failures[rows[0]]}", rows)
-        self.failures = failures
-        self.hits = hits
-        self.seeds = seeds
+__all__ = ["Searcher"]
 
 
 def _check_queries(queries: Sequence[str]) -> list[str]:
@@ -461,7 +392,7 @@ class Searcher:
             _check_entities(queries, query_entities)
             linked = self._link_entities(query_entities, cfg)
             clock.lap("entities")
-        report = Ranking(cand_rows, cand_scores, {}, fallback)  # collects the PPR certificates
+        report = PPRReport.empty(q)
         query_rows = torch.arange(q)
         parts = []
         for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
@@ -484,12 +415,11 @@ class Searcher:
             clock.lap("rank")
         scores, rows = cat_topk(parts)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
-        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome,
-                       report.ppr_bound, report.ppr_refined, report.failed)
+        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
 
     def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,
-                      cfg: RetrievalConfig, report: Ranking) -> Tensor:
+                      cfg: RetrievalConfig, report: PPRReport) -> Tensor:
         """[c, P] final scores of query columns a..b-1 from their PPR at the passage nodes:
         the raw PPR (hipporag2), or its fusion with the dense and entity rankings (hybrid)."""
         if not hybrid:
@@ -538,7 +468,7 @@ class Searcher:
         linked = self._link_entities(query_entities, cfg)
         doc, has_ent, solution = self._entity_doc(*linked, 0, len(query_entities), cfg)
         if solution is not None:
-            report = Ranking(has_ent, has_ent, {}, has_ent)
+            report = PPRReport.empty(len(query_entities))
             report.record(solution, torch.arange(len(query_entities)).masked_fill(
                 ~has_ent.cpu(), -1))
             if report.failed:
@@ -598,7 +528,7 @@ class Searcher:
         own = torch.tensor(owner, dtype=torch.int64, device=dev)
         parts = []
         no_fallback = torch.zeros(len(queries), dtype=torch.bool, device=dev)
-        report = Ranking(no_fallback, no_fallback, {}, no_fallback)  # the PPR certificates
+        report = PPRReport.empty(len(queries))
         query_rows = torch.arange(len(queries))
         for a, b in spans(len(queries), plan.query_cols):  # [M, c] seeds, [c, P] scores
             mine = (own >= a) & (own < b)
@@ -610,9 +540,7 @@ class Searcher:
             parts.append(topk_stable(scores, top_k))
             clock.lap("rank")
         top_scores, top_rows = cat_topk(parts)
-        return Ranking(top_rows, top_scores, clock.seconds, no_fallback,
-                       ppr_bound=report.ppr_bound, ppr_refined=report.ppr_refined,
-                       failed=report.failed)
+        return Ranking(top_rows, top_scores, clock.seconds, no_fallback, ppr=report)
 
     def hipporag2_reset_vectors(self, queries: Sequence[str],
                                 config: RetrievalConfig | None = None) -> Tensor:

@@ -34,7 +34,8 @@ import torch
 
 from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.search import Hit, QueryFailure, Searcher
+from hippo_gpu.results import Hit, QueryFailure
+from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import (
     BatcherClosedError,
     BatcherConfig,
@@ -148,7 +149,7 @@ class _SearcherAdapter:
     """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
 
     A query whose PPR could not be certified gets an `Answer` with `error` set and no hits; the
-    rest of its batch is answered (hippo_gpu.search.Ranking.failed).
+    rest of its batch is answered (hippo_gpu.results.Ranking.failed).
 
     Each batch takes the holder's current searcher once, at its start, and uses only it: a
     write that commits meanwhile switches later batches, never this one (no mixed versions).

@@ -20,7 +20,7 @@ import torch
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.ppr import ConvergenceError, PPRSolver, build_transition, ppr_iterate, stall_steps
-from hippo_gpu.search import QueryFailure
+from hippo_gpu.results import QueryFailure
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 

@@ -1,0 +1,120 @@
+"""What retrieval returns: a Hit per ranked passage, the batched Ranking behind them with its
+PPR certificates (PPRReport), the failure of some queries of a batch (QueryFailure), and the
+recognition-memory filter protocol the Searcher accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from hippo_gpu.data import Triple
+from hippo_gpu.ppr import ConvergenceError, PPRSolution
+
+__all__ = ["FactFilter", "FilterResult", "Hit", "PPRReport", "QueryFailure", "Ranking"]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked passage for one query."""
+
+    key: str  # "chunk-" + md5(title + "\n" + text)
+    title: str
+    score: float
+    rank: int  # 0-based position in the ranking
+    row: int  # passage row in the index (0..P-1): index.passage_texts[row] is its text
+
+
+class FilterResult(Protocol):
+    """What retrieval reads of a filter's answer (hippo_gpu.llm.filter.FilterOutcome or alike)."""
+
+    kept: list[list[int]]
+    fallbacks: int
+
+
+class FactFilter(Protocol):
+    """Recognition memory: (queries, candidate facts per query) -> kept candidate indices."""
+
+    def __call__(self, queries: list[str], candidates: list[list[Triple]]) -> FilterResult: ...
+
+
+@dataclass
+class Ranking:
+    """Batched retrieval output. Shapes: Q queries, K = min(top_k, P)."""
+
+    passage_rows: Tensor  # [Q, K] int64 passage rows, best first
+    scores: Tensor  # [Q, K] float
+    stage_seconds: dict[str, float]
+    dense_fallback: Tensor  # [Q] bool: query answered by the dense ranking
+    seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
+    filter_outcome: FilterResult | None = None
+    ppr: PPRReport | None = None  # the PPR certificates behind each query (None: no PPR ran)
+
+    @property
+    def failed(self) -> dict[int, str]:
+        """{query row: why it has no answer} (its PPR is uncertified; empty when all are)."""
+        return {} if self.ppr is None else self.ppr.failed
+
+    @property
+    def ppr_bound(self) -> Tensor | None:
+        """[Q] float64 worst certified L1 bound per query (None: no PPR ran)."""
+        return None if self.ppr is None else self.ppr.bound
+
+    @property
+    def ppr_refined(self) -> Tensor | None:
+        """[Q] bool: a stalled float32 solve of the query was finished in float64."""
+        return None if self.ppr is None else self.ppr.refined
+
+
+@dataclass
+class PPRReport:
+    """The PPR certificates of a batch of Q queries, folded in solve by solve.
+
+    Attributes:
+        bound: [Q] float64, the worst certified L1 bound of the solves behind each query
+            (0: none).
+        refined: [Q] bool, a stalled float32 solve of the query was finished in float64.
+        failed: {query row: why} for queries with an uncertified solve.
+    """
+
+    bound: Tensor
+    refined: Tensor
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, num_queries: int) -> PPRReport:
+        return cls(torch.zeros(num_queries, dtype=torch.float64),
+                   torch.zeros(num_queries, dtype=torch.bool))
+
+    def record(self, solution: PPRSolution, rows: Tensor) -> None:
+        """Fold one PPR solve in; ``rows`` [c] are the query rows of its columns (-1: a
+        placeholder column whose PPR is discarded)."""
+        rows = rows.cpu()
+        used = torch.nonzero(rows >= 0).flatten()
+        mine = rows[used]
+        self.bound[mine] = torch.maximum(self.bound[mine], solution.bound.cpu().double()[used])
+        self.refined[mine] |= solution.refined.cpu()[used]
+        for col, why in solution.failures().items():
+            if int(rows[col]) >= 0:
+                self.failed.setdefault(int(rows[col]), why)
+
+
+class QueryFailure(ConvergenceError):
+    """Some queries of a batch have no answer (their PPR is uncertified); the others do.
+
+    Attributes:
+        failures: {query row: why}.
+        hits: the answers of every query, [] for a failed one.
+        seeds: the seed facts of every query (``return_seeds``), else None.
+    """
+
+    def __init__(self, failures: dict[int, str], hits: list[list[Hit]],
+                 seeds: list[list[Triple]] | None = None) -> None:
+        rows = sorted(failures)
+        super().__init__(f"{len(rows)} of {len(hits)} queries failed (rows {rows[:10]}): "
+                         f"{failures[rows[0]]}", rows)
+        self.failures = failures
+        self.hits = hits
+        self.seeds = seeds
