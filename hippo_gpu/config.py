@@ -128,17 +128,29 @@ MODES = ("hipporag2", "hipporag1", "dense", "hybrid")
 ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that read query entities; others ignore them
 
 
-PPR_METHODS = ("auto", "chebyshev", "power", "closed_form")  # hippo_gpu.ppr.PPRSolver's
+SOLVER_METHODS = ("auto", "chebyshev", "power", "closed_form")  # hippo_gpu.ppr.PPRSolver's
+# ... plus the Searcher's HippoRAG 2 method by linearity (hippo_gpu.ppr.linear)
+PPR_METHODS = (*SOLVER_METHODS, "basis_push")
 
 
-def check_ppr_method(method: str) -> str:
-    """``method`` if it names a PPR solver method, else a ValueError naming them (the old name
-    "iterate" included: it meant the power iteration, while "auto" runs Chebyshev)."""
-    if method in PPR_METHODS:
+def check_ppr_method(method: str, *, solver: bool = False) -> str:
+    """``method`` if it names a PPR method (with ``solver``: a PPRSolver method), else a
+    ValueError naming them (the old name "iterate" included: it meant the power iteration,
+    while "auto" runs Chebyshev)."""
+    if method in (SOLVER_METHODS if solver else PPR_METHODS):
         return method
+    if solver and method == "basis_push":
+        raise ValueError("ppr_method 'basis_push' is the Searcher's (hippo_gpu.ppr.linear); "
+                         f"a PPRSolver takes one of {SOLVER_METHODS}")
     hint = ' ("iterate" is now "power"; "auto" runs "chebyshev" on a CPU)' \
         if method == "iterate" else ""
     raise ValueError(f"unknown PPR method {method!r}{hint}; choose one of {PPR_METHODS}")
+
+
+def solver_method(method: str) -> str:
+    """The PPRSolver method behind a RetrievalConfig.ppr_method: "basis_push" iterates with
+    "auto" where it does not apply (other modes, the phrase graph, the push's give-ups)."""
+    return "auto" if method == "basis_push" else method
 
 
 @dataclass(frozen=True)
@@ -154,10 +166,16 @@ class RetrievalConfig:
     ppr_tol: L1 error bound per query column (None: the solver's default for the dtype).
     ppr_max_iter: step cap per PPR solve; a query whose bound still falls after it fails alone
         (round-off never fails one: stalled float32 columns are finished in float64).
-    ppr_method: the PPR solver method, for both graphs (hippo_gpu.ppr.PPR_METHODS): "auto"
-        (closed form on CUDA when it fits, else "chebyshev"), "chebyshev", "power" or
-        "closed_form" (precomputes the passage rows of the PPR operator once per index: seconds
-        on a CPU for ~2k passages, then one GEMM per batch; see hippo_gpu.ppr.PPRSolver).
+    ppr_method: the PPR method (PPR_METHODS). "basis_push" (hipporag2 only): PPR by linearity,
+        the index's passage basis for the dense half of the reset vector and a certified
+        forward push for the phrase seeds (hippo_gpu.ppr.linear; computed now, once per
+        searcher, if the index holds no basis for this damping). "auto": "basis_push" for
+        hipporag2 when the index holds a basis for this damping and the numba kernels are
+        installed; otherwise, and for the other modes and graphs, the iteration: closed form
+        on CUDA when it fits, else "chebyshev". "chebyshev", "power" or "closed_form" (the
+        passage rows of the PPR operator solved once per index: seconds on a CPU for ~2k
+        passages, then one GEMM per batch) pick a PPRSolver method for every mode
+        (hippo_gpu.ppr.PPRSolver).
     hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
         and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
         added; the PPR ranking, the dense ranking and (with hybrid_entity_weight > 0) a

@@ -100,7 +100,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.blockwise import nearest_rows
-from hippo_gpu.config import RetrievalConfig
+from hippo_gpu.config import RetrievalConfig, solver_method
 from hippo_gpu.data import OpenIEDoc
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.graph import normalize_text
@@ -351,7 +351,7 @@ def make_solver(graph: V1Graph, cfg: RetrievalConfig) -> PPRSolver:
     """The PPR solver of W for `cfg` (damping, dtype, tolerance, method), all M rows out."""
     dtype = ppr_dtype(cfg)
     return PPRSolver(graph.adjacency, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                     method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
+                     method=solver_method(cfg.ppr_method), max_iter=cfg.ppr_max_iter)
 
 
 def flatten_entities(query_entities: Sequence[Sequence[str]]) -> tuple[list[str], list[int]]:

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from hippo_gpu.data import Triple
 from hippo_gpu.ppr import ConvergenceError, PPRSolution
+from hippo_gpu.ppr.linear import LinearSolution
 
 __all__ = ["FactFilter", "FilterResult", "Hit", "PPRReport", "QueryFailure", "Ranking"]
 
@@ -77,16 +78,37 @@ class PPRReport:
             (0: none).
         refined: [Q] bool, a stalled float32 solve of the query was finished in float64.
         failed: {query row: why} for queries with an uncertified solve.
+        pushed: [Q] bool, answered by PPR by linearity (basis + push, hippo_gpu.ppr.linear).
+        push_work: [Q] int64 edges its push scanned (also for a push that gave up).
+        push_touched: [Q] int64 nodes its push reached.
     """
 
     bound: Tensor
     refined: Tensor
     failed: dict[int, str] = field(default_factory=dict)
+    pushed: Tensor | None = None
+    push_work: Tensor | None = None
+    push_touched: Tensor | None = None
 
     @classmethod
     def empty(cls, num_queries: int) -> PPRReport:
         return cls(torch.zeros(num_queries, dtype=torch.float64),
                    torch.zeros(num_queries, dtype=torch.bool))
+
+    def record_push(self, out: LinearSolution, rows: Tensor) -> None:
+        """Fold in the push statistics of one chunk solved by linearity (``record`` folds its
+        certificates); ``rows`` as in ``record``."""
+        q = self.bound.numel()
+        if self.pushed is None:
+            self.pushed = torch.zeros(q, dtype=torch.bool)
+            self.push_work = torch.zeros(q, dtype=torch.int64)
+            self.push_touched = torch.zeros(q, dtype=torch.int64)
+        rows = rows.cpu()
+        used = torch.nonzero(rows >= 0).flatten()
+        mine = rows[used]
+        self.pushed[mine] = out.pushed[used]
+        self.push_work[mine] = out.push.work[used]
+        self.push_touched[mine] = out.push.touched[used]
 
     def record(self, solution: PPRSolution, rows: Tensor) -> None:
         """Fold one PPR solve in; ``rows`` [c] are the query rows of its columns (-1: a

@@ -43,14 +43,16 @@ from torch import Tensor
 
 from hippo_gpu import hipporag1
 from hippo_gpu.blockwise import scores_against, spans
-from hippo_gpu.config import MODES, RetrievalConfig
+from hippo_gpu.config import MODES, RetrievalConfig, solver_method
 from hippo_gpu.data import Triple
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
-from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
+from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver, default_tol
+from hippo_gpu.ppr.basis import solve_basis
+from hippo_gpu.ppr.linear import LinearPPR
 from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
 from hippo_gpu.results import (
     FactFilter,
@@ -60,7 +62,7 @@ from hippo_gpu.results import (
     QueryFailure,
     Ranking,
 )
-from hippo_gpu.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
+from hippo_gpu.seeds import fact_topk, leading_block, phrase_seeds, plan_chunks, reset_vectors
 from hippo_gpu.store import IndexFormatError
 
 __all__ = ["Searcher"]
@@ -154,6 +156,7 @@ class Searcher:
         self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
         self._hipporag1: hipporag1.V1Graph | None = None  # v1 graph, built on first use
         self._incidences: dict[torch.dtype, Tensor] = {}  # passage-phrase incidence per dtype
+        self._linears: dict[float, LinearPPR] = {}  # hipporag2 by linearity, per damping
         self._uncased: bool | None = None
 
     @property
@@ -219,19 +222,21 @@ class Searcher:
         """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
         index = self.index
         dtype = ppr_dtype(cfg)
-        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method,
-               cfg.ppr_max_iter)
+        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol,
+               solver_method(cfg.ppr_method), cfg.ppr_max_iter)
         solver = self._solvers.get(key)
         if solver is None:
             if phrase_graph:
                 m = len(index.phrases)
                 adj = leading_block(index.adjacency, m)
                 solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                                   method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
+                                   method=solver_method(cfg.ppr_method),
+                                   max_iter=cfg.ppr_max_iter)
             else:
                 solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
                                    target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
-                                   method=cfg.ppr_method, max_iter=cfg.ppr_max_iter)
+                                   method=solver_method(cfg.ppr_method),
+                                   max_iter=cfg.ppr_max_iter)
             self._solvers[key] = solver
         return solver
 
@@ -395,17 +400,24 @@ class Searcher:
         report = PPRReport.empty(q)
         query_rows = torch.arange(q)
         parts = []
+        linear = None if hybrid else self._linear(cfg)
         for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
             cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
             clock.lap("dense")
-            seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos, cfg,
-                                  hybrid=hybrid, dtype=ppr_dtype(cfg))  # [N, c]
-            seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; PPR discarded
-            clock.lap("seeds")
-            solution = self._solver(cfg).solve(seeds)
-            del seeds
-            report.record(solution, query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1))
-            clock.lap("ppr")
+            rows = query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1)
+            if linear is not None:
+                solution = self._solve_linear(linear, cand_rows[a:b], cand_scores[a:b],
+                                              kept[a:b], fallback[a:b], e_pass[a:b], cos, cfg,
+                                              clock, report, rows)
+            else:
+                seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos,
+                                      cfg, hybrid=hybrid, dtype=ppr_dtype(cfg))  # [N, c]
+                seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; discarded
+                clock.lap("seeds")
+                solution = self._solver(cfg).solve(seeds)
+                del seeds
+                clock.lap("ppr")
+            report.record(solution, rows)
             final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report)
             if hybrid:
                 clock.lap("entities")
@@ -416,6 +428,57 @@ class Searcher:
         scores, rows = cat_topk(parts)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
+
+    def _linear(self, cfg: RetrievalConfig) -> LinearPPR | None:
+        """hipporag2's PPR by linearity (hippo_gpu.ppr.linear) where ``cfg.ppr_method`` picks it
+        ("basis_push", or "auto" with a stored basis of this damping and the numba kernels),
+        built on first use; None: iterate."""
+        import hippo_gpu.kernels as kernels
+
+        if cfg.ppr_method not in ("auto", "basis_push") or len(self.index.passage_keys) == 0:
+            return None
+        linear = self._linears.get(cfg.damping)
+        if linear is not None:
+            return linear
+        index = self.index
+        basis = getattr(index, "basis", None)
+        if basis is not None and basis.damping != cfg.damping:
+            basis = None
+        if cfg.ppr_method == "auto" and (basis is None or not kernels.AVAILABLE):
+            return None
+        if not kernels.AVAILABLE:
+            raise ValueError("ppr_method 'basis_push' needs numba (the 'kernels' extra)")
+        if basis is None:  # asked for explicitly: solved now, once per searcher
+            basis = solve_basis(index.adjacency, index.passage_nodes, index.passage_emb,
+                                damping=cfg.damping, device=index.device)
+        linear = LinearPPR(index.adjacency, index.passage_nodes, index.passage_emb,
+                           basis.to(index.device))
+        self._linears[cfg.damping] = linear
+        return linear
+
+    def _solve_linear(self, linear: LinearPPR, cand_rows: Tensor, cand_scores: Tensor,
+                      kept: Tensor, fallback: Tensor, e_pass: Tensor, cos: Tensor,
+                      cfg: RetrievalConfig, clock: _Clock, report: PPRReport,
+                      rows: Tensor) -> PPRSolution:
+        """One chunk of hipporag2 PPR by linearity; the queries whose push gives up are
+        iterated on their full reset vectors (hippo_gpu.ppr.linear)."""
+        index, dtype = self.index, ppr_dtype(cfg)
+        sq, sp, sw = phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept,
+                                  cfg.linking_top_k)
+        clock.lap("seeds")
+
+        def iterate(cols: Tensor) -> PPRSolution:
+            cols = cols.to(cand_rows.device)
+            seeds = reset_vectors(index, cand_rows[cols], cand_scores[cols], kept[cols],
+                                  cos[cols], cfg, dtype=dtype)
+            seeds[:, fallback[cols]] = 1.0  # placeholder for fallback columns; discarded
+            return self._solver(cfg).solve(seeds)
+
+        tol = cfg.ppr_tol if cfg.ppr_tol is not None else default_tol(dtype)
+        out = linear.solve(sq, sp, sw, e_pass, cos, cfg.passage_node_weight, tol, iterate,
+                           dtype=dtype, lap=clock.lap)
+        report.record_push(out, rows)
+        return out.solution
 
     def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,
@@ -522,7 +585,8 @@ class Searcher:
             rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb,
                                            plan.phrase_rows)
         clock.lap("link")
-        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol, cfg.ppr_method, cfg.ppr_max_iter)
+        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol, solver_method(cfg.ppr_method),
+               cfg.ppr_max_iter)
         if key not in self._solvers:
             self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
         own = torch.tensor(owner, dtype=torch.int64, device=dev)

@@ -17,7 +17,8 @@ from hippo_gpu.device import ppr_dtype
 from hippo_gpu.index import Index
 from hippo_gpu.ranking import minmax_rows, scale_rows, topk_stable
 
-__all__ = ["ChunkPlan", "fact_topk", "leading_block", "plan_chunks", "reset_vectors"]
+__all__ = ["ChunkPlan", "fact_topk", "leading_block", "phrase_seeds", "plan_chunks",
+           "reset_vectors"]
 
 # Working-set bytes per element, as the code below allocates them (estimates; the budget is
 # approximate by design, benchmarks/bench_query_memory.py measures the real peak).
@@ -125,7 +126,7 @@ def _segment_mean(values: Tensor, segment: Tensor, n_segments: int) -> Tensor:
     return total / counts.clamp_min(1).to(values.dtype)
 
 
-def _phrase_seeds(
+def phrase_seeds(
     index: Index, fact_rows: Tensor, fact_scores: Tensor, kept: Tensor, top_phrases: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Upstream phrase weights, batched.
@@ -177,7 +178,7 @@ def reset_vectors(index: Index, cand_rows: Tensor, cand_scores: Tensor, kept: Te
         cos: [Q, P] query-passage cosine.
     """
     link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-    sq, sp, sw = _phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
+    sq, sp, sw = phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
     seeds = torch.zeros((index.num_nodes, cand_rows.shape[0]), dtype=dtype, device=cos.device)
     seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
     if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine

@@ -49,3 +49,40 @@ def test_float32_top10_matches_float64(musique_searcher, questions):
     same = (r64.passage_rows == r32.passage_rows).all(dim=1).double().mean().item()
     assert same >= 0.99, same
     torch.testing.assert_close(r32.scores.double(), r64.scores, atol=1e-6, rtol=0)
+
+
+def test_basis_push_by_default_rules_iterates_musique_exactly(musique_searcher, questions):
+    # musique's phrase seeds carry ~15 % of the reset mass: a push would have to remove all but
+    # ~2⁻¹³ of it (hippo_gpu.ppr.linear.MAX_REDUCTION), so every query is iterated, as today
+    texts = [q.question for q in questions]
+    cheb = musique_searcher.rank(texts, config=RetrievalConfig(ppr_method="chebyshev"))
+    lin = musique_searcher.rank(texts, config=RetrievalConfig(ppr_method="basis_push"))
+    assert not bool(lin.ppr.pushed.any())
+    assert torch.equal(cheb.passage_rows, lin.passage_rows)
+    assert torch.equal(cheb.scores, lin.scores)
+    assert "basis" in lin.stage_seconds and "push" in lin.stage_seconds
+
+
+def test_basis_push_forced_is_certified_and_matches_float64(musique_index, questions,
+                                                            monkeypatch):
+    # issue 22's exactness bar with every query pushed: bound <= tol, recall identical to the
+    # iteration at every k, top-10 equal to the float64 reference for >= 99 of 100 questions
+    from hippo_gpu import Searcher
+    from hippo_gpu.ppr import linear
+
+    monkeypatch.setattr(linear, "MAX_REDUCTION", float("inf"))
+    monkeypatch.setattr(linear, "PUSH_WORK_FRACTION", 1e3)
+    searcher = Searcher(musique_index)
+    cfg = RetrievalConfig(ppr_method="basis_push")
+    texts = [q.question for q in questions]
+    lin = searcher.rank(texts, top_k=10, config=cfg)
+    assert bool(lin.ppr.pushed[~lin.dense_fallback].all())
+    assert float(lin.ppr_bound.max()) <= 1e-6
+    r64 = searcher.rank(texts, top_k=10, config=RetrievalConfig(dtype="float64",
+                                                                 ppr_method="chebyshev"))
+    same = (r64.passage_rows == lin.passage_rows).all(dim=1).double().mean().item()
+    assert same >= 0.99, same
+    want = evaluate_mode(searcher, questions, "hipporag2",
+                         config=RetrievalConfig(ppr_method="chebyshev"))
+    got = evaluate_mode(searcher, questions, "hipporag2", config=cfg)
+    assert got.recall == want.recall

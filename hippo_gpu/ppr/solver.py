@@ -111,7 +111,7 @@ class PPRSolver:
         target_nodes: [T] int64 rows to return (e.g. passage nodes), or None for all N.
         dtype: float32 (fast) or float64 (parity).
         device: where the operator lives (default: the adjacency's device).
-        method: one of hippo_gpu.config.PPR_METHODS ("auto", "chebyshev", "power",
+        method: one of hippo_gpu.config.SOLVER_METHODS ("auto", "chebyshev", "power",
             "closed_form").
         reorder: reverse Cuthill–McKee reordering of the rows (None: on for the numba kernel,
             whose gathers it keeps cache-local; off for torch).
@@ -141,7 +141,7 @@ class PPRSolver:
         check_adjacency(adjacency)
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-        check_ppr_method(method)
+        check_ppr_method(method, solver=True)
         device = adjacency.device if device is None else torch.device(device)
         n = adjacency.shape[0]
         target_nodes = _check_targets(target_nodes, n)

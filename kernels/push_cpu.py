@@ -1,0 +1,216 @@
+"""Forward push for many queries on the CPU (numba), behind :mod:`hippo_gpu.ppr.push`.
+
+The semantics, the invariant and the bound are in hippo_gpu/ppr/push.py; this file is only about
+doing it fast:
+
+* **Queries in parallel, each alone.** Queries are split among plain threads (the jitted code
+  drops the GIL) by a fixed rule (query i on thread i mod T) and each query's push depends on
+  nothing else, so its result is bit-identical whatever the batch or the thread count.
+* **Workspaces of size N reused, cleared by what was touched.** Each thread owns r, p and two
+  flag arrays of N entries, allocated once per solver and thread; a query starts from them all
+  zero and, when it ends, zeroes only the nodes it touched (its touched list), so a query costs
+  its work, not N.
+* **Phases of a threshold, FIFO within a phase** (Andersen-Chung-Lang): in phase k a node u is
+  pushed while r_u >= eps_k max(deg_u, 1); eps_0 is the largest seed's r/deg over 4 and each
+  phase divides it by 4. A node enters the queue when its residual crosses the threshold, so a
+  phase costs its pushes and no scan of N. The loop stops as soon as the passage-reaching
+  residual mass (push.py, bound P2) is within the budget, or when the work (edges scanned)
+  passes the cap.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import njit
+
+__all__ = ["Workspace", "make_workspace", "push_queries"]
+
+SHRINK = 4.0  # threshold divisor per phase
+EPS = 2.0 ** -52
+
+
+class Workspace:
+    """Per-thread buffers of one graph: r, p [N] float64, flags [N] uint8, touched/queue [N]."""
+
+    def __init__(self, n: int) -> None:
+        self.r = np.zeros(n, dtype=np.float64)
+        self.p = np.zeros(n, dtype=np.float64)
+        self.seen = np.zeros(n, dtype=np.uint8)
+        self.inq = np.zeros(n, dtype=np.uint8)
+        self.touched = np.empty(n, dtype=np.int64)
+        self.queue = np.empty(n, dtype=np.int64)
+
+
+def make_workspace(n: int) -> Workspace:
+    return Workspace(n)
+
+
+@njit(nogil=True, cache=True)
+def _push_one(indptr, indices, coef, deg, h, seed_node, seed_w, budget, work_cap, damping,
+              r, p, seen, inq, touched, queue, passage_row, out_row):
+    """One query: push from its seeds until h·r <= budget (or work > work_cap).
+
+    Writes p at the passage rows into out_row ([P] float64, zero on entry) and returns
+    (certified bound h·r plus round-off slack, pushes, edges scanned, nodes touched, capped).
+    """
+    n = deg.shape[0]
+    nt = 0
+    mass = 0.0
+    for i in range(seed_node.shape[0]):
+        u = seed_node[i]
+        r[u] += seed_w[i]
+        mass += seed_w[i]
+        if seen[u] == 0:
+            seen[u] = 1
+            touched[nt] = u
+            nt += 1
+    err = 0.0
+    eps = 0.0
+    for i in range(nt):
+        u = touched[i]
+        err += h[u] * r[u]
+        du = deg[u] if deg[u] > 1.0 else 1.0
+        if r[u] / du > eps:
+            eps = r[u] / du
+    pushes = 0
+    work = 0
+    capped = False
+    keep = 1.0 - damping
+    while True:
+        while err > budget and not capped and eps > 0.0:
+            eps /= 4.0
+            head = 0
+            tail = 0
+            size = 0
+            for i in range(nt):
+                u = touched[i]
+                du = deg[u] if deg[u] > 1.0 else 1.0
+                if r[u] > 0.0 and r[u] >= eps * du:
+                    inq[u] = 1
+                    queue[tail] = u
+                    tail += 1
+                    if tail == n:
+                        tail = 0
+                    size += 1
+            while size > 0 and err > budget:
+                u = queue[head]
+                head += 1
+                if head == n:
+                    head = 0
+                size -= 1
+                inq[u] = 0
+                m = r[u]
+                r[u] = 0.0
+                p[u] += keep * m
+                err -= h[u] * m
+                pushes += 1
+                lo = indptr[u]
+                hi = indptr[u + 1]
+                work += hi - lo
+                for e in range(lo, hi):
+                    v = indices[e]
+                    add = coef[e] * m
+                    r[v] += add
+                    err += h[v] * add
+                    if seen[v] == 0:
+                        seen[v] = 1
+                        touched[nt] = v
+                        nt += 1
+                    if inq[v] == 0:
+                        dv = deg[v] if deg[v] > 1.0 else 1.0
+                        if r[v] >= eps * dv:
+                            inq[v] = 1
+                            queue[tail] = v
+                            tail += 1
+                            if tail == n:
+                                tail = 0
+                            size += 1
+                if work > work_cap:
+                    capped = True
+                    break
+            while size > 0:  # leave the phase: unmark what is still queued
+                inq[queue[head]] = 0
+                head += 1
+                if head == n:
+                    head = 0
+                size -= 1
+        # the tracked sum drifts with round-off: recompute it over the touched nodes
+        exact = 0.0
+        for i in range(nt):
+            u = touched[i]
+            exact += h[u] * r[u]
+        # float64 slack: each push and edge update rounds once (relative EPS of the mass moved)
+        exact += (2.0 * (work + pushes + nt) + 4.0) * EPS * mass
+        err = exact
+        if err <= budget or capped or eps == 0.0:
+            break
+    for i in range(nt):
+        u = touched[i]
+        row = passage_row[u]
+        if row >= 0:
+            out_row[row] = p[u]
+        r[u] = 0.0
+        p[u] = 0.0
+        seen[u] = 0
+    return err, pushes, work, nt, capped
+
+
+@njit(nogil=True, cache=True)
+def _push_range(indptr, indices, coef, deg, h, seed_ptr, seed_node, seed_w, budget, work_cap,
+                damping, r, p, seen, inq, touched, queue, passage_row, out, bound, pushes, work,
+                touched_count, capped, start, step):
+    q = seed_ptr.shape[0] - 1
+    for i in range(start, q, step):
+        a = seed_ptr[i]
+        b = seed_ptr[i + 1]
+        err, npush, nwork, nt, cap = _push_one(
+            indptr, indices, coef, deg, h, seed_node[a:b], seed_w[a:b], budget[i], work_cap,
+            damping, r, p, seen, inq, touched, queue, passage_row, out[i])
+        bound[i] = err
+        pushes[i] = npush
+        work[i] = nwork
+        touched_count[i] = nt
+        capped[i] = cap
+
+
+def push_queries(indptr: np.ndarray, indices: np.ndarray, coef: np.ndarray, deg: np.ndarray,
+                 h: np.ndarray, seed_ptr: np.ndarray, seed_node: np.ndarray, seed_w: np.ndarray,
+                 budget: np.ndarray, work_cap: int, damping: float, passage_row: np.ndarray,
+                 num_passages: int, workspaces: list[Workspace]) -> tuple[np.ndarray, ...]:
+    """Push every query (hippo_gpu.ppr.push); one workspace per thread.
+
+    Args:
+        indptr, indices: the graph's CSR (int64); coef: [E] float64 d·A_uv / deg(u) per edge of
+            row u; deg: [N] float64 weighted degrees; h: [N] float64 passage-mass upper bound.
+        seed_ptr: [Q + 1] int64; seed_node / seed_w: [S] int64 / float64 (query i's seeds are
+            seed_ptr[i]:seed_ptr[i + 1]).
+        budget: [Q] float64 bound to reach; work_cap: edges scanned before a query gives up.
+        passage_row: [N] int64 passage row of each node (-1 for phrases).
+
+    Returns:
+        (out [Q, P] float64 p at the passage rows, bound [Q] float64, pushes [Q] int64,
+        work [Q] int64, touched [Q] int64, capped [Q] bool).
+    """
+    q = seed_ptr.shape[0] - 1
+    out = np.zeros((q, num_passages), dtype=np.float64)
+    bound = np.zeros(q, dtype=np.float64)
+    pushes = np.zeros(q, dtype=np.int64)
+    work = np.zeros(q, dtype=np.int64)
+    touched = np.zeros(q, dtype=np.int64)
+    capped = np.zeros(q, dtype=np.bool_)
+    threads = max(1, min(len(workspaces), q))
+
+    def run(t: int) -> None:
+        w = workspaces[t]
+        _push_range(indptr, indices, coef, deg, h, seed_ptr, seed_node, seed_w, budget,
+                    work_cap, damping, w.r, w.p, w.seen, w.inq, w.touched, w.queue, passage_row,
+                    out, bound, pushes, work, touched, capped, t, threads)
+
+    if threads == 1:
+        run(0)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, range(threads)))
+    return out, bound, pushes, work, touched, capped
