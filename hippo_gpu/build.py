@@ -1,8 +1,9 @@
-"""build_index(): read -> elements -> encode -> kNN -> graph -> Index [-> save].
+"""build_index(): read -> elements -> encode -> kNN -> graph -> basis -> Index [-> save].
 
 The one indexing pipeline: corpus and OpenIE readers (data.py), graph elements and the CSR
 adjacency (graph.py), embeddings with their content-addressed cache (embed/), synonym edges
-(synonyms.synonym_edges, over the kNN of vector_search.py). `assemble_index` is the part
+(synonyms.synonym_edges, over the kNN of vector_search.py), the passage basis of the graph
+(ppr/basis.py, when IndexConfig.ppr_basis). `assemble_index` is the part
 shared with the writer (writer.py): given the per-passage normalised triples of a corpus it
 computes everything else, reusing the vectors and synonym lists of a previous version where
 they are provably unchanged.
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig
+from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
 from hippo_gpu.data import (
     OpenIEDoc,
     OpenIEReport,
@@ -45,6 +46,7 @@ from hippo_gpu.graph import (
     phrase_passage_counts,
 )
 from hippo_gpu.index import Index
+from hippo_gpu.ppr.basis import PassageBasis, solve_basis
 from hippo_gpu.synonyms import PreviousSynonyms, SynonymEdges, synonym_edges
 from hippo_gpu.tables import PassageTriples
 
@@ -109,6 +111,7 @@ def build_index(
     show_progress: bool = False,
     precision: str = "float32",
     embeddings: str | Path | EmbeddingSource | None = None,
+    ppr_basis: bool = True,
 ) -> Index:
     """Build the HippoRAG 2 index of `corpus` from its OpenIE output; save it if `out_dir`.
 
@@ -130,6 +133,7 @@ def build_index(
             texts it lacks are encoded) or a function (texts, kind) -> [n, D] array used for
             every text (kind: "passages", "phrases" or "facts"). The encoder is then loaded only
             if some text is left to encode.
+        ppr_basis: solve and store the passage basis (IndexConfig.ppr_basis; stage "basis").
     """
     dev = resolve_device(device)
     precision_dtype(precision)  # validate before any work
@@ -138,7 +142,7 @@ def build_index(
     else:
         enc_cfg = encoder if isinstance(encoder, EncoderConfig) else \
             EncoderConfig(model=encoder) if encoder else EncoderConfig()
-    config = IndexConfig(encoder=enc_cfg, graph=graph or GraphConfig())
+    config = IndexConfig(encoder=enc_cfg, graph=graph or GraphConfig(), ppr_basis=ppr_basis)
     hash_encoder_dim(enc_cfg.model)  # a malformed "hash:" name fails before any work
     source = PrecomputedEmbeddings(embeddings) if isinstance(embeddings, (str, Path)) \
         else embeddings
@@ -181,7 +185,8 @@ def assemble_index(
     embeddings: EmbeddingSource | None = None,
     consume_triples: bool = False,
 ) -> Index:
-    """Compute the index of `state`: graph elements, embeddings, synonym edges, adjacency.
+    """Compute the index of `state`: graph elements, embeddings, synonym edges, adjacency and
+    (with `config.ppr_basis`) the passage basis, solved on `device`.
 
     With `consume_triples` the per-passage triple lists of `state` are emptied once the graph
     elements hold them as integer rows (9M tuples at 1M passages; build_index owns its state).
@@ -190,6 +195,8 @@ def assemble_index(
     already holds are copied instead of encoded, and synonym lists are recomputed only for the
     phrases whose list can change (synonyms.update_synonym_edges); the result is the index a
     fresh build of `state` gives. `load_encoder` is called only if some text must be encoded.
+    The basis is always solved afresh (it depends on the whole graph), so it equals a fresh
+    build's within the certified bounds of both.
     """
     stages = stages or Stages()
     elements = extract_elements(state.triples, normalized=True, show_progress=show_progress)
@@ -207,6 +214,10 @@ def assemble_index(
     stages.lap("synonym_knn")
     graph_out = build_graph(elements, synonyms, config.graph)
     stages.lap("adjacency")
+    basis = None
+    if config.ppr_basis:
+        basis = _solve_basis(graph_out.adjacency, graph_out.passage_nodes, emb.passages, device)
+        stages.lap("basis")
 
     counts = dict(graph_out.counts)
     counts["synonym_pairs"] = int(len(synonyms.src))
@@ -238,7 +249,22 @@ def assemble_index(
         synonym_src=torch.from_numpy(synonyms.src.astype(np.int64)),
         synonym_dst=torch.from_numpy(synonyms.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(synonyms.score.astype(np.float32)),
+        basis=basis,
     )
+
+
+def _solve_basis(adjacency: torch.Tensor, passage_nodes: torch.Tensor,
+                 passage_emb: torch.Tensor, device: torch.device) -> PassageBasis | None:
+    """The passage basis at the default damping (queries at another damping iterate), or None
+    for a graph without passages."""
+    if passage_nodes.numel() == 0:
+        return None
+    basis = solve_basis(adjacency, passage_nodes, passage_emb,
+                        damping=RetrievalConfig().damping, device=device)
+    log.info("passage basis: %d float64 PPR solves over %d nodes in %.2f s (<= %d steps each, "
+             "%.1f MB)", passage_emb.shape[1] + 1, adjacency.shape[0], basis.seconds,
+             basis.steps, basis.nbytes / 1e6)
+    return basis
 
 
 class _Vectors:

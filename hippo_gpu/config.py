@@ -113,15 +113,27 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class IndexConfig:
+    """What an index is built with (saved in its manifest; a writer commits with the same).
+
+    ppr_basis: also solve and store the passage basis of the graph (hippo_gpu.ppr.basis: Z =
+        L[T, P] E_P, z1 and h at the default damping, RetrievalConfig().damping), so HippoRAG 2
+        queries at that damping skip most of their PPR work. It costs D + 1 float64 PPR solves
+        per build and per commit, and about 8·(P·(D + 1) + N) bytes on disk and in memory. False
+        builds without it (Index.basis is None; queries iterate as before). A manifest written
+        before this field existed holds no basis, so a missing field reads as False.
+    """
+
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
+    ppr_basis: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IndexConfig:
-        return cls(encoder=EncoderConfig(**d["encoder"]), graph=GraphConfig(**d["graph"]))
+        return cls(encoder=EncoderConfig(**d["encoder"]), graph=GraphConfig(**d["graph"]),
+                   ppr_basis=bool(d.get("ppr_basis", False)))
 
 
 MODES = ("hipporag2", "hipporag1", "dense", "hybrid")

@@ -21,6 +21,7 @@ from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
+from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.store import (
     FORMAT_VERSION,
     IndexFormatError,
@@ -51,6 +52,10 @@ class Index:
     passage_triples [P] lists of normalised triples (with their multiplicity), passage_malformed
     [P] malformed-triple counts by reason, passage_error [P] OpenIE error flags, and the
     accepted synonym assignments synonym_src / synonym_dst / synonym_score [S] (phrase rows).
+
+    `basis` is the passage basis of the graph (hippo_gpu.ppr.basis: Z [P, D], z1 [P], h [N],
+    float64 at every precision), solved at build and commit time when `config.ppr_basis`, else
+    None (also for versions written before it existed). It is stored as basis.safetensors.
 
     `precision` is the dtype of the device-resident embeddings, hence of every cosine computed
     from them: "float32" (the default on every device) unless "float16" or "bfloat16" is asked
@@ -91,6 +96,7 @@ class Index:
     version: int | None = None  # the committed version this was loaded from (None: unsaved)
     precision: str = "float32"
     predicates: Sequence[str] = field(default_factory=list)  # [R] when facts is a FactTable
+    basis: PassageBasis | None = None
 
     @property
     def phrase_keys(self) -> list[str]:
@@ -118,6 +124,11 @@ class Index:
         out["embedding_dim"] = int(self.passage_emb.shape[1])
         out["encoder"] = self.config.encoder.model
         out["precision"] = self.precision
+        b = self.basis
+        out["basis_bytes"] = b.nbytes if b is not None else 0
+        out["basis_seconds"] = round(b.seconds, 4) if b is not None else 0.0
+        out["basis_steps"] = b.steps if b is not None else 0
+        out["basis_damping"] = b.damping if b is not None else None
         return out
 
     @cached_property
@@ -137,7 +148,8 @@ class Index:
     def to(self, device: str | torch.device, precision: str | None = None) -> Index:
         """This index on `device`, its embeddings at `precision` (default: unchanged).
 
-        The precision never depends on the device: float32 stays float32 on CUDA.
+        The precision never depends on the device: float32 stays float32 on CUDA. The basis
+        moves with the rest and stays float64 (its certificates are float64 bounds).
         """
         dev = resolve_device(device)
         precision = precision or self.precision
@@ -153,6 +165,7 @@ class Index:
             passage_emb=self.passage_emb.to(dev, emb_dtype),
             phrase_emb=self.phrase_emb.to(dev, emb_dtype),
             fact_emb=self.fact_emb.to(dev, emb_dtype),
+            basis=self.basis.to(dev) if self.basis is not None else None,
             precision=precision,
         )
         return moved
@@ -174,7 +187,7 @@ class Index:
         Facts are stored as integer rows (fact_phrases + fact_predicate into `predicates`) and
         passage triples as per-passage fact rows (passage_triple_ptr [P + 1],
         passage_triple_fact [T]); texts as string tables (store.write_version), so loading
-        parses no text.
+        parses no text. The basis, if any, is the group "basis" (PassageBasis.tensors()).
         """
         facts = self.facts if isinstance(self.facts, FactTable) else \
             FactTable.from_triples(self.facts, self.phrases)
@@ -211,6 +224,8 @@ class Index:
                 "fact": self.fact_emb.float(),
             },
         }
+        if self.basis is not None:
+            tensors["basis"] = self.basis.tensors()
         tables = {"tables": {"passage_malformed": {str(i): m for i, m in
                                                    enumerate(self.passage_malformed) if m}}}
         strings = {"passage_keys": self.passage_keys, "passage_titles": self.passage_titles,
@@ -272,6 +287,7 @@ def load_index(
                                f"manifest says {dim}")
     try:
         index = _index_of(Path(path), manifest, config, g, e, t)
+        index.basis = _basis_of(tensors.get("basis"), index)
     except KeyError as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
     if not isinstance(t["passage_texts"], StringTable) or \
@@ -327,3 +343,23 @@ def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
         path=path,
         version=manifest.get("version"),
     )
+
+
+def _basis_of(t: dict[str, torch.Tensor] | None, index: Index) -> PassageBasis | None:
+    """The stored basis (None for a version without basis.safetensors); its shapes are checked
+    against the graph and embeddings it was solved from. A missing entry raises KeyError."""
+    if t is None:
+        return None
+    try:
+        basis = PassageBasis.from_tensors(t)
+    except (ValueError, TypeError) as err:  # a scalars tensor of another length
+        raise IndexFormatError(f"{index.path}: malformed basis ({err})") from err
+    p, d = index.passage_emb.shape
+    want = {"z": (p, d), "z1": (p,), "h": (index.num_nodes,), "col_bound": (d,),
+            "z_norm1": (d,)}
+    for name, shape in want.items():
+        got = getattr(basis, name)
+        if tuple(got.shape) != shape or got.dtype != torch.float64:
+            raise IndexFormatError(f"{index.path}: basis tensor {name} is {got.dtype} "
+                                   f"{tuple(got.shape)}, expected float64 {shape}")
+    return basis

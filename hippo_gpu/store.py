@@ -5,8 +5,9 @@ Layout of an index directory DIR:
     DIR/manifest.json     the commit point: names the current version, its files and their
                           sha256, the config, encoder identity and counts
     DIR/v000007/          one version's files: graph.safetensors, embeddings.safetensors,
-                          tables.json, one NAME.strings per string table (and .readers, the
-                          readers' lock file)
+                          basis.safetensors (the passage basis, when the index has one: a
+                          version without it loads with none), tables.json, one NAME.strings
+                          per string table (and .readers, the readers' lock file)
 
 Loading is lazy: safetensors files are memory-mapped (copy-on-write, so a tensor is writable
 in the reader's process without touching the file) and a `.strings` file (int64 n, int64

@@ -15,9 +15,14 @@ a build (build.assemble_index), and only two things are reused instead of recomp
     synonyms  the accepted lists of phrases that no added or removed phrase is within the
               threshold of (synonyms.update_synonym_edges proves those lists unchanged).
 
+The passage basis (IndexConfig.ppr_basis, hippo_gpu.ppr.basis) is not reused: it depends on the
+whole graph, so a commit solves it afresh like a build (stage "basis"), and it equals a fresh
+build's within the certified column bounds of both (the same graph gives the same solves).
+
 The cost of a commit is therefore: encoding the new texts, one GEMM of the changed phrases
-against all phrases, a kNN for the affected phrases, and rebuilding the adjacency from stored
-integers (vectorised numpy), plus writing the new version.
+against all phrases, a kNN for the affected phrases, rebuilding the adjacency from stored
+integers (vectorised numpy) and, with the basis, D + 1 PPR solves over the whole graph, plus
+writing the new version.
 
 Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
 a commit is store.write_version (new files, fsync, then an atomic manifest switch); readers keep

@@ -280,3 +280,33 @@ def test_flipped_byte_in_a_string_table_names_it(hash_index_dir, tmp_path) -> No
     path.write_bytes(bytes(data))
     with pytest.raises(IndexFormatError, match=r"passage_texts\.strings"):
         load_index(bad, device="cpu")
+
+
+# --- the passage basis stage --------------------------------------------------------------------
+
+
+def test_build_solves_the_basis_as_its_own_stage(hash_index_dir) -> None:
+    """A build stores the basis of its graph (stage "basis" in the timings), equal within the
+    certified bounds to solving it again from the loaded graph and vectors."""
+    from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.ppr.basis import solve_basis
+    from tests.helpers import assert_basis_close
+
+    idx = load_index(hash_index_dir, device="cpu")
+    assert "basis" in idx.timings and idx.config.ppr_basis
+    assert idx.basis is not None and idx.basis.damping == RetrievalConfig().damping
+    assert idx.stats()["basis_bytes"] == idx.basis.nbytes > 0
+    again = solve_basis(idx.adjacency, idx.passage_nodes, idx.passage_emb,
+                        damping=RetrievalConfig().damping)
+    assert_basis_close(idx.basis, again)
+
+
+def test_a_build_without_the_basis_has_none(corpus_files, tmp_path) -> None:
+    out = tmp_path / "index"
+    idx = build_index(corpus_files["corpus"], corpus_files["openie"], out, encoder="hash:64",
+                      device="cpu", ppr_basis=False)
+    assert idx.basis is None and "basis" not in idx.timings and not idx.config.ppr_basis
+    assert not list(out.glob("v*/basis.safetensors"))
+    assert json.loads((out / "manifest.json").read_text())["config"]["ppr_basis"] is False
+    loaded = load_index(out, device="cpu")
+    assert loaded.basis is None and not loaded.config.ppr_basis

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ def _tensors(idx):
         "val": idx.adjacency.values(), "passage_nodes": idx.passage_nodes,
         "fact_phrases": idx.fact_phrases, "counts": idx.phrase_passage_counts,
         "passage_emb": idx.passage_emb, "phrase_emb": idx.phrase_emb, "fact_emb": idx.fact_emb,
+        **{f"basis.{k}": v for k, v in idx.basis.tensors().items()},
     }
 
 
@@ -28,9 +30,13 @@ def test_round_trip_is_bit_identical(sample_index, tmp_path):
     assert again.passage_keys == sample_index.passage_keys
     assert again.facts == sample_index.facts and again.phrases == sample_index.phrases
     assert again.stats() == sample_index.stats()
+    b, c = sample_index.basis, again.basis
+    assert (b.z1_bound, b.damping, b.tol, b.steps, b.seconds) == \
+        (c.z1_bound, c.damping, c.tol, c.steps, c.seconds)
 
 
-@pytest.mark.parametrize("name", ["graph.safetensors", "embeddings.safetensors", "tables.json"])
+@pytest.mark.parametrize("name", ["graph.safetensors", "embeddings.safetensors",
+                                  "basis.safetensors", "tables.json"])
 def test_flipped_byte_names_the_file(sample_index_dir, tmp_path, name):
     bad = tmp_path / "bad"
     shutil.copytree(sample_index_dir, bad)
@@ -41,6 +47,46 @@ def test_flipped_byte_names_the_file(sample_index_dir, tmp_path, name):
     path.write_bytes(bytes(data))
     with pytest.raises(IndexFormatError, match=name.replace(".", r"\.")):
         load_index(bad, device="cpu")
+
+
+def test_a_version_without_basis_loads_with_none(sample_index_dir, sample_index, tmp_path):
+    """What an index written before the basis existed looks like: no basis.safetensors in its
+    version and no ppr_basis in its config. It loads (basis None, ppr_basis False) and is saved
+    again without one."""
+    old = tmp_path / "old"
+    shutil.copytree(sample_index_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    name = f"v{manifest['version']:06d}/basis.safetensors"
+    assert name in manifest["files"] and manifest["config"]["ppr_basis"] is True
+    (old / name).unlink()
+    del manifest["files"][name], manifest["config"]["ppr_basis"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    idx = load_index(old, device="cpu")
+    assert idx.basis is None and idx.config.ppr_basis is False
+    stats = idx.stats()
+    assert (stats["basis_bytes"], stats["basis_steps"], stats["basis_damping"]) == (0, 0, None)
+    assert {k: v for k, v in stats.items() if not k.startswith("basis_")} == \
+        {k: v for k, v in sample_index.stats().items() if not k.startswith("basis_")}
+    again = load_index(idx.save(tmp_path / "again"), device="cpu")
+    assert again.basis is None
+    assert not list((tmp_path / "again").glob("v*/basis.safetensors"))
+
+
+def test_a_basis_of_another_shape_is_refused(sample_index, tmp_path):
+    b = sample_index.basis
+    bad = replace(sample_index, basis=replace(b, z=b.z[:-1].clone()))
+    with pytest.raises(IndexFormatError, match="basis tensor z"):
+        load_index(bad.save(tmp_path / "bad"), device="cpu")
+
+
+def test_to_moves_the_basis_and_keeps_it_float64(sample_index):
+    half = sample_index.to("cpu", "bfloat16")
+    assert half.basis is not None and half.basis.z.dtype == torch.float64
+    assert torch.equal(half.basis.z, sample_index.basis.z)
+    if torch.cuda.is_available():
+        moved = sample_index.to("cuda")
+        assert moved.basis.z.is_cuda and moved.basis.z1.is_cuda
+        assert torch.equal(moved.basis.z.cpu(), sample_index.basis.z)
 
 
 def test_encoder_mismatch_and_version_are_errors(sample_index_dir, tmp_path):

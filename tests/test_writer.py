@@ -38,7 +38,7 @@ from hippo_gpu.sample import paths
 from hippo_gpu.search import Searcher
 from hippo_gpu.store import COMMIT_STEPS, MANIFEST, WRITER_LOCK, WriterLockedError
 from hippo_gpu.writer import IndexWriter
-from tests.helpers import musique_or_skip
+from tests.helpers import assert_basis_close, musique_or_skip, transition_gap
 
 CHILD = Path(__file__).with_name("writer_fault_child.py")
 MODES = ("dense", "hipporag2", "hybrid")
@@ -178,20 +178,36 @@ def close_maps(got: dict, want: dict, tol: float, what: str) -> None:
     assert not bad, f"{what}: {len(bad)} weights differ, e.g. {bad[:3]}"
 
 
+def content_stats(index: Index) -> dict:
+    """stats() without the wall time of the basis solve (the one entry two equal builds differ
+    in)."""
+    return {k: v for k, v in index.stats().items() if k != "basis_seconds"}
+
+
 def assert_same_index(got: Index, want: Index) -> None:
-    """Same passages (in order), phrases, facts, vectors, edges and weights, synonym pairs and
-    counts as the fresh build."""
+    """Same passages (in order), phrases, facts, vectors, edges and weights, synonym pairs,
+    counts and passage basis (within its certified bounds) as the fresh build."""
     assert got.passage_keys == want.passage_keys
     assert got.passage_texts == want.passage_texts
     assert got.phrases == want.phrases
     assert got.facts == want.facts
     assert got.passage_triples == want.passage_triples
-    assert got.stats() == want.stats()
+    assert content_stats(got) == content_stats(want)
+    assert_same_basis(got, want)
     for name in ("passage_emb", "phrase_emb", "fact_emb", "fact_phrases",
                  "phrase_passage_counts"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     close_maps(edge_weights(got), edge_weights(want), WEIGHT_TOL, "edges")
     close_maps(synonym_pairs(got), synonym_pairs(want), WEIGHT_TOL, "synonym pairs")
+
+
+def assert_same_basis(got: Index, want: Index) -> None:
+    """The bases agree within their bounds, widened by what the graphs' own difference can move
+    them (the writer's synonym scores may differ from a fresh build's by float32 rounding,
+    ~1e-7, within WEIGHT_TOL; that moves the basis ~1e-9, above its 1e-10 bounds). Equal graphs
+    get no widening."""
+    assert_basis_close(got.basis, want.basis, passage_emb=want.passage_emb,
+                       gap=transition_gap(got.adjacency, want.adjacency))
 
 
 def assert_same_ranking(got: list, want: list) -> None:
@@ -329,6 +345,32 @@ def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
     want = load_index(base_dir, device="cpu")
     assert_same_index(got, want)
     assert_same_rankings(got, want, enc, sample["questions"])
+
+
+def test_a_commit_solves_the_basis_of_the_new_graph(enc, sample, base_dir, tmp_path):
+    """After insert + commit the new version's basis is the basis of its own graph (a fresh
+    solve_basis on it, within both bounds) and a fresh build's of the same corpus (same graph
+    here, so within the bounds alone); it is solved in the commit's "basis" stage and stored
+    with the version."""
+    from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.ppr.basis import solve_basis
+
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    old = load_index(index_dir, device="cpu")
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+        assert w.insert(sample["corpus"][20:], sample["openie_path"]) == 10
+        new = w.commit()
+        assert "basis" in w.last_change.stage_seconds
+    assert new.basis is not None and new.basis.z.shape == (30, new.passage_emb.shape[1])
+    fresh = solve_basis(new.adjacency, new.passage_nodes, new.passage_emb,
+                        damping=RetrievalConfig().damping)
+    assert_basis_close(new.basis, fresh)
+    want = build(enc, sample, sample["corpus"])
+    assert transition_gap(new.adjacency, want.adjacency) == 0.0  # equal graphs here, so:
+    assert_basis_close(new.basis, want.basis)
+    loaded = load_index(index_dir, device="cpu")
+    assert torch.equal(loaded.basis.z, new.basis.z) and torch.equal(loaded.basis.h, new.basis.h)
+    assert old.basis.z.shape[0] == 20  # the old version kept its own
 
 
 def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, monkeypatch):
@@ -522,7 +564,7 @@ def test_killed_writer_leaves_old_or_new_and_the_next_writer_completes(
         expect = new if i >= committed else old
         other = old if i >= committed else new
         assert got.passage_keys == expect.passage_keys != other.passage_keys, step
-        assert got.stats() == expect.stats(), step
+        assert content_stats(got) == content_stats(expect), step
         assert got.version == (2 if i >= committed else 1), step
         left = leftovers(index_dir)
         assert left, f"{step}: a killed writer leaves something behind"
@@ -704,7 +746,8 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
         assert w.insert(corpus[cut:], openie) == len(corpus) - cut
         w.commit()
         grown = w.index
-        assert grown.stats() == full.stats()
+        assert content_stats(grown) == content_stats(full)
+        assert_same_basis(grown, full)
         assert grown.passage_keys == full.passage_keys
         grown_res = run(grown)
         assert grown_res.recall == full_res.recall
@@ -712,7 +755,8 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
         assert same >= 98, f"identical top-10 for {same}/100 questions"
         w.delete(grown.passage_keys[cut:])
     shrunk = load_index(tmp_path / "index", device="cpu")
-    assert shrunk.stats() == head.stats()
+    assert content_stats(shrunk) == content_stats(head)
+    assert_same_basis(shrunk, head)
     shrunk_res = run(shrunk)
     assert shrunk_res.recall == head_res.recall
     assert sum(a[:10] == b[:10] for a, b in zip(shrunk_res.ranked_keys,

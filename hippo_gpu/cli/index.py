@@ -59,6 +59,10 @@ def index(
         False, help="index corpus passages the OpenIE file lacks, without triples"),
     cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
                                                         "$HIPPO_GPU_CACHE/embeddings)"),
+    ppr_basis: bool = typer.Option(
+        True, "--ppr-basis/--no-ppr-basis",
+        help="solve and store the passage basis (D + 1 PPR solves per build and commit; "
+             "HippoRAG 2 queries then skip most of their PPR)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build an index from a corpus and its OpenIE output (or extract it with --llm first)."""
@@ -74,7 +78,7 @@ def index(
             device=device, graph=GraphConfig(knn_backend=knn_backend),
             cache_dir=cache_dir or cache_root() / "embeddings",
             allow_missing_openie=allow_missing_openie, show_progress=True,
-            embeddings=embeddings,
+            embeddings=embeddings, ppr_basis=ppr_basis,
         )
     except ValueError as e:
         fail(str(e))

@@ -15,6 +15,8 @@ def test_stats_json_has_the_documented_keys(sample_index_dir):
                 "passage_edges", "nodes", "edges", "malformed_triples"):
         assert isinstance(s[key], int), key
     assert s["passage_nodes"] == 30 and s["nodes"] == s["phrase_nodes"] + 30
+    assert s["basis_bytes"] > 0 and s["basis_steps"] > 0 and s["basis_damping"] == 0.5
+    assert s["basis_seconds"] > 0
 
 
 def test_index_and_eval_commands_on_the_sample(tmp_path):
@@ -32,6 +34,14 @@ def test_index_and_eval_commands_on_the_sample(tmp_path):
                               "--threads", "1", "--cache-dir", str(tmp_path / "cache")])
     assert res.exit_code == 0, res.output
     assert (out / "manifest.json").exists()
+    bare = tmp_path / "bare"
+    res = runner.invoke(app, ["index", "--corpus", str(data / "corpus.json"), "--openie",
+                              str(data / "openie_sample.json"), "--out", str(bare),
+                              "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
+                              "--no-ppr-basis"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["stats", str(bare), "--json"])
+    assert json.loads(res.output)["basis_bytes"] == 0
     report = tmp_path / "eval.json"
     res = runner.invoke(app, ["eval", "--data", str(data), "--index-dir", str(out), "--modes",
                               "dense,hipporag2,hybrid", "--top-k", "10", "--json", str(report),
