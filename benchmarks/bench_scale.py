@@ -60,8 +60,11 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--knn-backend", default="auto",
                     help="GraphConfig.knn_backend of the build (auto: exact below 50k phrases, "
                          "else ivf-join with held-out recall; or faiss-ivf, faiss-flat ...)")
-    ap.add_argument("--batches", default="1,32,256", help="query batch sizes Q")
-    ap.add_argument("--modes", default="hipporag2,dense")
+    ap.add_argument("--batches", default="1,32,64,256", help="query batch sizes Q")
+    ap.add_argument("--modes", default="hipporag2,hipporag2:chebyshev,dense",
+                    help="MODE or MODE:PPR_METHOD (hipporag2 runs the default, auto: the basis "
+                         "and push when the index holds a basis; hipporag2:chebyshev the "
+                         "iteration)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per (mode, Q)")
     ap.add_argument("--prpack-queries", type=int, default=None,
                     help="igraph prpack queries per size (default 8 below 500k passages, else 3)")
@@ -145,6 +148,7 @@ def _queries(index: Any, count: int, seed: int) -> list[tuple[str, int]]:
 def phase_query(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
 
+    from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
 
@@ -162,14 +166,44 @@ def phase_query(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                            "first_query_title": first[0][0].title if first[0] else None,
                            "rss_after_load_gb": round(rss_after_load, 3), "ms_per_query": {}}
     dev = torch.device(args.device)
-    for mode in args.modes.split(","):
+    tops: dict[str, Any] = {}
+    out["stages_ms_per_query"] = {}
+    for spec in args.modes.split(","):
+        mode, _, method = spec.partition(":")
+        cfg = RetrievalConfig(ppr_method=method or "auto")
         for q in batches:
             batch = (texts * (q // len(texts) + 1))[:q]
-            t = time_call(lambda b=batch, m=mode: searcher.retrieve(b, top_k=10, mode=m),
+            t = time_call(lambda b=batch, m=mode, c=cfg: searcher.rank(b, top_k=10, mode=m,
+                                                                       config=c),
                           device=dev, warmup=0 if q >= 256 else 1, repeats=args.repeats,
                           max_seconds=60)
-            out["ms_per_query"][f"{mode}@{q}"] = round(t.median * 1e3 / q, 3)
-            print(f"  {mode} Q={q}: {t.median * 1e3 / q:.2f} ms/query", flush=True)
+            out["ms_per_query"][f"{spec}@{q}"] = round(t.median * 1e3 / q, 3)
+            ranking = searcher.rank(batch, top_k=10, mode=mode, config=cfg)  # its stages
+            out["stages_ms_per_query"][f"{spec}@{q}"] = {
+                k: round(v * 1e3 / q, 3) for k, v in ranking.stage_seconds.items()}
+            print(f"  {spec} Q={q}: {t.median * 1e3 / q:.2f} ms/query "
+                  f"{out['stages_ms_per_query'][f'{spec}@{q}']}", flush=True)
+            if q == max(batches):
+                tops[spec] = ranking
+                report = ranking.ppr
+                if report is not None and report.pushed is not None:
+                    nnz = index.adjacency.values().numel()
+                    work = report.push_work[report.pushed].double()
+                    out["push"] = {
+                        "queries": q, "pushed": int(report.pushed.sum()),
+                        "work_per_nnz_median": round(float(work.median()) / nnz, 4)
+                        if work.numel() else None,
+                        "work_per_nnz_max": round(float(work.max()) / nnz, 4)
+                        if work.numel() else None,
+                        "touched_median": int(report.push_touched[report.pushed].median())
+                        if work.numel() else None,
+                        "max_bound": float(report.bound.max())}
+    if "hipporag2" in tops and "hipporag2:chebyshev" in tops:
+        a, b = tops["hipporag2"].passage_rows, tops["hipporag2:chebyshev"].passage_rows
+        out["top10_same_as_iteration"] = round(float((a == b).all(dim=1).double().mean()), 4)
+    if index.basis is not None:
+        out["basis"] = {"seconds": round(index.basis.seconds, 2), "bytes": index.basis.nbytes,
+                        "steps": index.basis.steps}
     out["peak_rss_gb"] = round(_peak_rss_gb(), 3)
     return out
 

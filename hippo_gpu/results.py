@@ -99,7 +99,7 @@ class PPRReport:
         """Fold in the push statistics of one chunk solved by linearity (``record`` folds its
         certificates); ``rows`` as in ``record``."""
         q = self.bound.numel()
-        if self.pushed is None:
+        if self.pushed is None or self.push_work is None or self.push_touched is None:
             self.pushed = torch.zeros(q, dtype=torch.bool)
             self.push_work = torch.zeros(q, dtype=torch.int64)
             self.push_touched = torch.zeros(q, dtype=torch.int64)

@@ -53,6 +53,7 @@ from hippo_gpu.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver, default_tol
 from hippo_gpu.ppr.basis import solve_basis
 from hippo_gpu.ppr.linear import LinearPPR
+from hippo_gpu.ppr.linear import available as linear_available
 from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
 from hippo_gpu.results import (
     FactFilter,
@@ -433,20 +434,18 @@ class Searcher:
         """hipporag2's PPR by linearity (hippo_gpu.ppr.linear) where ``cfg.ppr_method`` picks it
         ("basis_push", or "auto" with a stored basis of this damping and the numba kernels),
         built on first use; None: iterate."""
-        import hippo_gpu.kernels as kernels
-
         if cfg.ppr_method not in ("auto", "basis_push") or len(self.index.passage_keys) == 0:
             return None
         linear = self._linears.get(cfg.damping)
         if linear is not None:
             return linear
         index = self.index
-        basis = getattr(index, "basis", None)
+        basis = index.basis
         if basis is not None and basis.damping != cfg.damping:
             basis = None
-        if cfg.ppr_method == "auto" and (basis is None or not kernels.AVAILABLE):
+        if cfg.ppr_method == "auto" and (basis is None or not linear_available()):
             return None
-        if not kernels.AVAILABLE:
+        if not linear_available():
             raise ValueError("ppr_method 'basis_push' needs numba (the 'kernels' extra)")
         if basis is None:  # asked for explicitly: solved now, once per searcher
             basis = solve_basis(index.adjacency, index.passage_nodes, index.passage_emb,

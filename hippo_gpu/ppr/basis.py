@@ -158,7 +158,7 @@ def passage_mass(adjacency: Tensor, targets: Tensor, *, damping: float,
 
 def solve_basis(adjacency: Tensor, passage_nodes: Tensor, passage_emb: Tensor, *,
                 damping: float = 0.5, tol: float = BASIS_TOL, device: torch.device | str = "cpu",
-                memory_budget: int = 1 << 30, max_iter: int = 1000) -> PassageBasis:
+                memory_budget: int = 2 << 30, max_iter: int = 1000) -> PassageBasis:
     """Z, z1 and h of one graph (module docstring), float64, in column blocks of the budget.
 
     Args:
@@ -168,7 +168,7 @@ def solve_basis(adjacency: Tensor, passage_nodes: Tensor, passage_emb: Tensor, *
         damping: d.
         tol: per-column L1 tol of the float64 solves.
         device: where to solve (the result is returned on the CPU).
-        memory_budget: bytes for one block of [N] float64 columns (about 8 per column in flight:
+        memory_budget: bytes for one block of [N] float64 columns (about 6 per column in flight:
             seeds, their copies and the solver's state).
         max_iter: step cap per column.
 
@@ -191,7 +191,7 @@ def solve_basis(adjacency: Tensor, passage_nodes: Tensor, passage_emb: Tensor, *
                        max_iter=max_iter)
     transition = build_transition(adjacency, damping=damping, dtype=torch.float64)
     c_pass = 1.0 - damping * transition.dangling.cpu()[targets].to(torch.float64)  # [P]
-    per_col = 8 * 8 * n
+    per_col = 6 * 8 * n
     block = max(1, min(dim + 1, memory_budget // max(per_col, 1)))
     y = torch.empty(p, dim + 1, dtype=torch.float64)  # L b_j at T, then z1 in the last column
     bounds = torch.empty(dim + 1, dtype=torch.float64)  # σ_j ε_j

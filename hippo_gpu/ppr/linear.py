@@ -17,8 +17,8 @@ like an iterated one. A query whose seeds reach more than ``MAX_REDUCTION`` time
 (hᵀs > 2¹⁰·budget: a push would sweep most of the graph), whose push passes ``work_cap`` edges
 (``PUSH_WORK_FRACTION`` of the graph's edges) or whose budget is not positive is solved by the
 caller's iteration on its full reset vector, today's path, so every query is certified either
-way and none costs much more than before. The exact target of (L1) takes E_P e in exact arithmetic (basis.py); today's
-iteration feeds the float32 cosines into r instead.
+way and none costs much more than before. The exact target of (L1) takes E_P e in exact
+arithmetic (basis.py); today's iteration feeds the float32 cosines into r instead.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.ppr.push import PushOperator, PushResult
 from hippo_gpu.ppr.solver import PPRSolution
 
-__all__ = ["MAX_REDUCTION", "PUSH_WORK_FRACTION", "LinearPPR", "LinearSolution"]
+__all__ = ["MAX_REDUCTION", "PUSH_WORK_FRACTION", "LinearPPR", "LinearSolution", "available"]
 
 # A query's push gives up after scanning this fraction of the graph's edges. The iteration it
 # falls back to costs ~13 sweeps of every edge per batch of 8-64 SIMD lanes, i.e. ~0.2-1.6 edge
@@ -49,6 +49,13 @@ PUSH_WORK_FRACTION = 0.5
 # 0.002-0.35x.
 MAX_REDUCTION = 2.0 ** 10
 ROUNDING32 = 2.0 ** -24  # float32 rounding of the returned distribution (L1, relative)
+
+def available() -> bool:
+    """Whether the push kernel (numba, extra 'kernels') can run here."""
+    import hippo_gpu.kernels as kernels
+
+    return kernels.AVAILABLE
+
 
 Fallback = Callable[[Tensor], PPRSolution]  # query columns -> their iterated solution [P, c']
 
