@@ -51,6 +51,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hippo_gpu.ppr.ordering import permute_csr, rcm_permutation
+
 __all__ = ["PushOperator", "PushResult"]
 
 
@@ -96,21 +98,27 @@ class PushOperator:
         self.num_nodes = n
         self.num_passages = int(passage_nodes.numel())
         self.damping = float(damping)
+        if h.numel() != n:
+            raise ValueError(f"h has {h.numel()} entries for a graph of {n} nodes")
+        # nodes in reverse Cuthill-McKee order, so a push's neighbours sit near it in memory
+        # (the CPU kernel of the iteration does the same); position[u] is node u's place
+        perm = rcm_permutation(adj)
+        self.position = torch.empty_like(perm)
+        self.position[perm] = torch.arange(n)
+        adj = permute_csr(adj, perm)
         self.indptr = adj.crow_indices().to(torch.int64).numpy()
         self.indices = adj.col_indices().to(torch.int64).numpy()
         values = adj.values().to(torch.float64).numpy()
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.indptr))
         deg = np.zeros(n, dtype=np.float64)
         np.add.at(deg, rows, values)
-        self.deg = deg
+        self.deg = deg  # in push order
         inv = np.divide(1.0, deg, out=np.zeros_like(deg), where=deg > 0)
         self.coef = values * inv[rows] * self.damping  # d·A_uv / D_u for the edge (u, v)
         self.nnz = int(values.size)
-        if h.numel() != n:
-            raise ValueError(f"h has {h.numel()} entries for a graph of {n} nodes")
-        self.h = h.to("cpu", torch.float64).contiguous().numpy()
+        self.h = h.to("cpu", torch.float64)[perm].contiguous().numpy()
         passage_row = np.full(n, -1, dtype=np.int64)
-        passage_row[passage_nodes.cpu().numpy()] = np.arange(self.num_passages)
+        passage_row[self.position[passage_nodes.cpu()].numpy()] = np.arange(self.num_passages)
         self.passage_row = passage_row
         self.threads = threads
         self._workspaces: list = []
@@ -134,7 +142,7 @@ class PushOperator:
             np.zeros(num_queries, dtype=np.int64)
         seed_ptr = np.zeros(num_queries + 1, dtype=np.int64)
         np.cumsum(counts, out=seed_ptr[1:])
-        nodes = np.ascontiguousarray(seed_node.cpu().to(torch.int64).numpy())
+        nodes = np.ascontiguousarray(self.position[seed_node.cpu().to(torch.int64)].numpy())
         weights = np.ascontiguousarray(seed_weight.cpu().to(torch.float64).numpy())
         if weights.size and not np.all(weights >= 0):
             raise ValueError("push seed weights must be non-negative")

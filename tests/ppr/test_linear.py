@@ -251,3 +251,16 @@ def test_linear_on_a_hipporag2_shaped_graph(monkeypatch) -> None:
     assert bool((err <= out.solution.bound).all())
     top = out.solution.scores.T.topk(10).indices
     assert bool((top == ref.T.topk(10).indices).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_linear_with_the_basis_on_cuda_matches_the_cpu(graph, monkeypatch) -> None:
+    # the GEMMs of the dense half run on the device, the push on host threads (push.py)
+    lin, (sq, sp, sw, e, cos), _ = _linear_case(graph, 1e-6, torch.float32, monkeypatch)
+    gpu = LinearPPR(graph["adj"], graph["passages"], graph["emb"], lin.basis.to("cuda"))
+    gpu.work_cap = lin.work_cap
+    cpu_out = lin.solve(sq, sp, sw, e, cos, 0.05, 1e-6, pytest.fail)
+    gpu_out = gpu.solve(sq, sp, sw, e.cuda(), cos.cuda(), 0.05, 1e-6, pytest.fail)
+    torch.testing.assert_close(gpu_out.solution.scores.cpu(), cpu_out.solution.scores,
+                               rtol=0, atol=1e-7)
+    assert bool((gpu_out.solution.bound <= 1e-6).all())
