@@ -25,10 +25,13 @@ round-off, not bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
-__all__ = ["QUERY_PANEL", "ROW_ALIGN", "block_rows", "nearest_rows", "scores_against", "spans"]
+__all__ = ["QUERY_PANEL", "ROW_ALIGN", "block_rows", "nearest_rows", "panel_slabs",
+           "scores_against", "spans"]
 
 QUERY_PANEL = 8  # query rows per GEMM (the batch is padded to a multiple of this)
 ROW_ALIGN = 1024  # embedding rows per GEMM; embedding-row blocks start at multiples of this
@@ -38,24 +41,43 @@ def scores_against(queries: Tensor, emb: Tensor) -> Tensor:
     """[A, D] query vectors x [B, D] embedding rows -> [A, B] dot products in `emb`'s dtype.
 
     On the CPU, one [QUERY_PANEL, D] x [D, ROW_ALIGN] GEMM per query panel and embedding slab
-    (see the module docstring): entry (i, j) does not depend on the other rows or on how the
-    caller blocked the embedding rows (at multiples of ROW_ALIGN). On CUDA, one GEMM.
+    (`panel_slabs`; see the module docstring): entry (i, j) does not depend on the other rows or
+    on how the caller blocked the embedding rows (at multiples of ROW_ALIGN). On CUDA, one GEMM.
     """
     x = queries.to(emb.device, emb.dtype)
     a, b = x.shape[0], emb.shape[0]
     if emb.device.type != "cpu":
         return x @ emb.T
-    pad = (-a) % QUERY_PANEL
-    if pad:
-        x = torch.cat([x, x.new_zeros((pad, x.shape[1]))])
     out = torch.empty((a, b), dtype=emb.dtype)
-    slab_rows = ROW_ALIGN
-    for c in range(0, b, slab_rows):
-        slab_t = emb[c:c + slab_rows].T  # [D, R]
-        for r in range(0, a, QUERY_PANEL):
-            block = x[r:r + QUERY_PANEL] @ slab_t  # [QUERY_PANEL, R]: the one shape
-            out[r:r + QUERY_PANEL, c:c + slab_rows] = block[: a - r]
+    for c, block in panel_slabs(x, emb):
+        out[:, c:c + block.shape[1]] = block[:a]
     return out
+
+
+def panel_slabs(queries: Tensor, emb: Tensor) -> Iterator[tuple[int, Tensor]]:
+    """CPU: (c, [A', R] scores of every query against emb[c:c + R]) per slab of ROW_ALIGN rows.
+
+    A' is A padded with zero queries to a multiple of QUERY_PANEL (rows past A are padding).
+    The slabs come in ascending order, each read once for all query panels (slab outer, panels
+    inner: a [R, D] slab stays in L2 while its panels are multiplied), and every panel is the
+    one GEMM shape of `scores_against`, so each score has its bits. The yielded block is a
+    buffer reused by the next slab: use it before asking for the next one.
+
+    Args:
+        queries: [A, D] in emb's dtype, on the CPU.
+        emb: [B, D] embedding rows on the CPU.
+    """
+    a, d = queries.shape
+    pad = (-a) % QUERY_PANEL
+    x = torch.cat([queries, queries.new_zeros((pad, d))]) if pad else queries
+    buf = torch.empty((a + pad, ROW_ALIGN), dtype=emb.dtype)
+    for c in range(0, emb.shape[0], ROW_ALIGN):
+        slab_t = emb[c:c + ROW_ALIGN].T  # [D, R]
+        rows = slab_t.shape[1]
+        block = buf if rows == ROW_ALIGN else buf.new_empty((a + pad, rows))  # contiguous
+        for r in range(0, a + pad, QUERY_PANEL):
+            torch.mm(x[r:r + QUERY_PANEL], slab_t, out=block[r:r + QUERY_PANEL])  # the one shape
+        yield c, block
 
 
 def spans(total: int, size: int) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hippo_gpu.blockwise import block_rows, scores_against, spans
+from hippo_gpu.blockwise import ROW_ALIGN, block_rows, panel_slabs, scores_against, spans
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.index import Index
@@ -22,13 +22,17 @@ __all__ = ["ChunkPlan", "fact_topk", "leading_block", "phrase_seeds", "plan_chun
 
 # Working-set bytes per element, as the code below allocates them (estimates; the budget is
 # approximate by design, benchmarks/bench_query_memory.py measures the real peak).
-FACT_BYTES = 48  # per (query, fact) of a fact block: raw and normalised scores, top-k masks
+FACT_BYTES = 48  # per (query, fact) of a fact block of the torch path (CUDA): raw and
+# normalised scores, top-k masks; the CPU kernel path holds only [Q, ROW_ALIGN] scores
 PASSAGE_BYTES = 32  # per (query, passage) of a chunk: cosine, min-max, fusion ranks (24 measured)
 NODE_VECTORS = 5  # [N] vectors per query column: seeds, their permuted copy, the kernel's three
 LANES = 8  # query columns are taken in multiples of this where the budget allows: the CPU
 # kernel solves 8 float32 (4 float64) columns per SIMD pass, so a 2-column chunk costs the same
 # sweep as an 8-column one
 LINK_BYTES = 8  # per (entity, phrase) of a linking block
+TIE_SLACK = 8  # raw candidates kept per query beyond k by the CPU fact top-k (see fact_topk)
+HALF_TIE_SLACK = 32  # the same for float16 / bfloat16 facts, whose scores tie far more often
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # others: the torch path
 
 
 @dataclass(frozen=True)
@@ -67,32 +71,113 @@ def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
     """The k best facts per query by min-max normalised cosine, ties by the lower fact row.
 
     s[q, f] = minmax_f(e_q · v_f) over all F facts; returns ([Q, K] float32 scores s, [Q, K]
-    int64 fact rows), exactly `topk_stable(minmax_rows(E Vᵀ), k)`. With rows_per_block < F it
-    never holds more than [Q, rows_per_block] scores: a first pass over the fact blocks takes
-    each query's min and max, a second scales each block with them (minmax_rows' own float
-    operations, so the same values) and merges its top-k into a running top-k. The merge keeps
-    the tie order: the running top-k comes first in the concatenation, holds only lower rows
-    than the block and is sorted by (score desc, row asc), so topk_stable's "lower column among
-    ties" is the lower row. Costs one more pass of the fact GEMM than one block does.
+    int64 fact rows), K = min(k, F), exactly `topk_stable(minmax_rows(E Vᵀ), k)` with E Vᵀ
+    computed by `scores_against` (so the same bits for any batch, blocking or query order).
+
+    CPU (numba kernel available, float32 / float16 / bfloat16 facts): one pass that reads each
+    slab of ROW_ALIGN fact rows once per batch (`panel_slabs`: scores_against's own GEMMs, so
+    the same raw scores r) and folds it into a running top-m of r (m = k + TIE_SLACK, ties by
+    the lower row) and a running min and max per query (kernels/topk_cpu.RunningTopK). Never
+    more than [Q, ROW_ALIGN] scores, whatever rows_per_block. Why the raw top-m suffices: the
+    scaling g(r) = (r - lo) / (hi - lo) is monotone (each float operation is), so every fact
+    outside the m candidates C has g <= u, the scaled value of C's lowest raw score. With t the
+    k-th scaled value of C in (scaled desc, row asc) order: if u < t, every fact outside C
+    scores below t, so the k best of all F facts are the k best of C, taken by sorting C's
+    scaled values (the same float operations as minmax_rows, so the same bits) by (scaled
+    desc, row asc). If u == t, facts outside C may tie with the k-th (two raw scores can scale
+    to the same float); that query is redone exactly (rare: counted by the tests). A row
+    whose facts all score the same is not redone: its k best are the first k rows, which are
+    also C's (raw ties keep row order). (The kernel's min orders -0.0 below +0.0, torch's
+    picks either: a score can differ from the torch path's only in the sign of a zero.)
+
+    Elsewhere (CUDA, float64, no numba, or HIPPO_GPU_FORCE_TORCH): `_fact_topk_blocked`, one
+    GEMM per block of `rows_per_block` fact rows and torch top-k.
 
     Args:
         query_emb: [Q, D] L2-normalised query vectors.
         fact_emb: [F, D] fact vectors (F >= 1; the index's dtype: scores are in it until
             normalised, as in the one-block path).
+        rows_per_block: fact rows per block of [Q, rows] scores (None: all at once); on the
+            CPU kernel path it bounds only the rare exact redo.
     """
     f = fact_emb.shape[0]
     size = f if rows_per_block is None else max(1, min(rows_per_block, f))
-    if size >= f:
+    if _kernel_path(query_emb, fact_emb, k):
+        return _fact_topk_kernel(query_emb, fact_emb, k, size)
+    return _fact_topk_blocked(query_emb, fact_emb, k, size)
+
+
+def _kernel_path(query_emb: Tensor, fact_emb: Tensor, k: int) -> bool:
+    if fact_emb.device.type != "cpu" or fact_emb.dtype not in _KERNEL_DTYPES:
+        return False
+    if k < 1 or query_emb.shape[0] == 0 or fact_emb.shape[0] == 0:
+        return False  # nothing to rank: the torch path's shapes and errors
+    import hippo_gpu.kernels as kernels
+
+    return kernels.AVAILABLE and not kernels.FORCE_TORCH
+
+
+def _fact_topk_kernel(query_emb: Tensor, fact_emb: Tensor, k: int,
+                      size: int) -> tuple[Tensor, Tensor]:
+    """fact_topk on the CPU: one read of the facts, a running raw top-m (see fact_topk)."""
+    from hippo_gpu.kernels.topk_cpu import RunningTopK
+
+    dtype, q, f = fact_emb.dtype, query_emb.shape[0], fact_emb.shape[0]
+    slack = TIE_SLACK if dtype == torch.float32 else HALF_TIE_SLACK
+    state = RunningTopK(q, k + slack)
+    as_f32 = None  # half-precision scores are widened (exactly) for the kernel
+    for c, block in panel_slabs(query_emb.to("cpu", dtype), fact_emb):  # [Q', R] per slab
+        if dtype != torch.float32:
+            if as_f32 is None or as_f32.shape != block.shape:
+                as_f32 = torch.empty(block.shape, dtype=torch.float32)
+            block = as_f32.copy_(block)
+        state.fold(block.numpy(), c)
+    vals, rows, lo, hi = (torch.from_numpy(a) for a in state.result())
+    lo, hi = lo.to(dtype).unsqueeze(1), hi.to(dtype).unsqueeze(1)  # exact: they are scores
+    scaled = scale_rows(vals.to(dtype), lo, hi).float()  # [Q, C], C = min(m, F), raw desc
+    by_row = torch.argsort(rows, dim=1)  # then a stable sort by scaled: (scaled desc, row asc)
+    cand_val, cand_row = scaled.gather(1, by_row), rows.gather(1, by_row)
+    order = torch.sort(cand_val, dim=1, descending=True, stable=True).indices[:, :min(k, f)]
+    best_val, best_row = cand_val.gather(1, order), cand_row.gather(1, order)
+    if rows.shape[1] < f:  # C is not every fact: check the cut (u == t: redo exactly)
+        redo = (scaled[:, -1] == best_val[:, -1]) & ((hi - lo) > 0).squeeze(1)
+        if bool(redo.any()):
+            at = redo.nonzero().squeeze(1)
+            aligned = f if size >= f else max(ROW_ALIGN, size - size % ROW_ALIGN)
+            val, row = _fact_topk_blocked(query_emb[at], fact_emb, k, aligned,
+                                          (lo[at], hi[at]))
+            best_val[at], best_row[at] = val, row
+    return best_val, best_row
+
+
+def _fact_topk_blocked(query_emb: Tensor, fact_emb: Tensor, k: int, size: int,
+                       bounds: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """fact_topk in blocks of `size` fact rows, torch top-k (any device).
+
+    With size < F it never holds more than [Q, size] scores: a first pass over the fact
+    blocks takes each query's min and max (skipped when `bounds` gives them, [Q, 1] each), a
+    second scales each block with them (minmax_rows' own float operations, so the same values)
+    and merges its top-k into a running top-k. The merge keeps the tie order: the running
+    top-k comes first in the concatenation, holds only lower rows than the block and is sorted
+    by (score desc, row asc), so topk_stable's "lower column among ties" is the lower row.
+    """
+    f = fact_emb.shape[0]
+    if size >= f and bounds is None:
         return topk_stable(minmax_rows(scores_against(query_emb, fact_emb)).float(), k)
-    (a0, b0), *rest = spans(f, size)
-    raw = scores_against(query_emb, fact_emb[a0:b0])  # [Q, rows] in the index dtype
-    lo = raw.min(dim=1, keepdim=True).values
-    hi = raw.max(dim=1, keepdim=True).values
-    for a, b in rest:  # pass 1: per-query min and max over all facts (exact in any order)
-        raw = scores_against(query_emb, fact_emb[a:b])
-        lo = torch.minimum(lo, raw.min(dim=1, keepdim=True).values)
-        hi = torch.maximum(hi, raw.max(dim=1, keepdim=True).values)
-    del raw
+    blocks = spans(f, size)
+    if bounds is None:
+        (a0, b0), *rest = blocks
+        raw = scores_against(query_emb, fact_emb[a0:b0])  # [Q, rows] in the index dtype
+        lo = raw.min(dim=1, keepdim=True).values
+        hi = raw.max(dim=1, keepdim=True).values
+        for a, b in rest:  # pass 1: per-query min and max over all facts (exact in any order)
+            raw = scores_against(query_emb, fact_emb[a:b])
+            lo = torch.minimum(lo, raw.min(dim=1, keepdim=True).values)
+            hi = torch.maximum(hi, raw.max(dim=1, keepdim=True).values)
+        del raw
+    else:
+        lo, hi = bounds
+    (a0, b0), *rest = blocks
     best_val, best_row = topk_stable(
         scale_rows(scores_against(query_emb, fact_emb[a0:b0]), lo, hi).float(), k)
     for a, b in rest:  # pass 2: scale with the global bounds, merge into the running top-k

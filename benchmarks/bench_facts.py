@@ -1,0 +1,121 @@
+"""The fact stage against the GEMM floor (issue 22 item 4): seeds.fact_topk, old and new.
+
+On F random unit fact rows (D = 64, float32) and Q random unit queries, k = 5 (the default
+linking_top_k), one run per thread count:
+
+* ``old``: the two-pass torch path (`seeds._fact_topk_blocked`, what fact_topk ran on the CPU
+  before the one-pass kernel) with the rows per block plan_chunks gives at the default budget;
+* ``new``: fact_topk as shipped (one read of the facts, running raw top-k, numba);
+* ``panel GEMM``: `blockwise.panel_slabs` alone, the fixed-shape GEMMs both paths compute
+  (the floor of a stage that keeps today's bits);
+* ``one GEMM``: torch.mm of [Q, D] x [D, F] in one call, the CPU's GEMM rate for the shape;
+* ``dense``: the dense passage scan, scores_against + minmax_rows over P = F / 9 rows.
+
+Each row: ms per query (median of repeats, first call apart), GFLOP/s (2 Q F D per call), the
+new stage as a fraction of the one-GEMM rate, fact stage vs dense scan per row scanned, and
+whether new and old agree bit for bit (values and rows). One JSON line is appended to
+benchmarks/results/bench_facts.jsonl.
+
+    python -m benchmarks.bench_facts --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.common import (
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    provenance,
+    time_call,
+)
+
+RESULTS = "benchmarks/results/bench_facts.jsonl"
+DIM = 64
+K = 5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--facts", type=int, nargs="+", default=[450_000, 900_000])
+    ap.add_argument("--queries", type=int, nargs="+", default=[1, 32, 64, 256])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=20.0, help="per timed call set")
+    add_arguments(ap)
+    args = ap.parse_args()
+    threads = init_threads(args.threads)
+    git = check_clean_or_exit(args.allow_dirty)
+
+    import torch
+
+    from hippo_gpu import kernels
+    from hippo_gpu.blockwise import block_rows, panel_slabs, scores_against
+    from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.ranking import minmax_rows
+    from hippo_gpu.seeds import FACT_BYTES, _fact_topk_blocked, fact_topk
+
+    if not kernels.AVAILABLE or kernels.FORCE_TORCH:
+        raise SystemExit("the numba kernel path is off: nothing new to measure")
+    budget = RetrievalConfig().chunk_bytes
+    gen = torch.Generator().manual_seed(0)
+    queries = torch.nn.functional.normalize(torch.randn(max(args.queries), DIM, generator=gen),
+                                            dim=1)
+
+    def timed(fn) -> float:
+        return time_call(fn, repeats=args.repeats, max_seconds=args.max_seconds).median
+
+    def gemm_only(x, emb) -> None:
+        for _ in panel_slabs(x, emb):
+            pass
+
+    def measure(x, facts, passages) -> dict:
+        q, f = x.shape[0], facts.shape[0]
+        flop = 2.0 * q * f * DIM
+        size = block_rows(f, FACT_BYTES * q, budget)  # what plan_chunks gives the old path
+        old = _fact_topk_blocked(x, facts, K, size)
+        new = fact_topk(x, facts, K, size)
+        same = bool(torch.equal(old[0], new[0]) and torch.equal(old[1], new[1]))
+        t_new = timed(lambda: fact_topk(x, facts, K, size))
+        t_old = timed(lambda: _fact_topk_blocked(x, facts, K, size))
+        t_panel = timed(lambda: gemm_only(x, facts))
+        t_mm = timed(lambda: torch.mm(x, facts.T))
+        t_dense = timed(lambda: minmax_rows(scores_against(x, passages)))
+        per_row_new = t_new / (q * f)
+        per_row_dense = t_dense / (q * passages.shape[0])
+        return {"facts": f, "queries": q, "rows_per_block": size, "k": K,
+                "old_ms_per_query": t_old * 1e3 / q, "new_ms_per_query": t_new * 1e3 / q,
+                "panel_gemm_ms_per_query": t_panel * 1e3 / q,
+                "one_gemm_ms_per_query": t_mm * 1e3 / q,
+                "one_gemm_gflops": flop / t_mm / 1e9, "new_gflops": flop / t_new / 1e9,
+                "new_fraction_of_gemm": t_mm / t_new, "speedup": t_old / t_new,
+                "dense_passages": passages.shape[0], "dense_ms_per_query": t_dense * 1e3 / q,
+                "dense_ns_per_row": per_row_dense * 1e9, "new_ns_per_row": per_row_new * 1e9,
+                "fact_over_dense_per_row": per_row_new / per_row_dense, "bit_identical": same}
+
+    rows = []
+    print(f"threads {threads}, D = {DIM}, k = {K}; ms per query (GFLOP/s)", flush=True)
+    for f in args.facts:
+        facts = torch.nn.functional.normalize(torch.randn(f, DIM, generator=gen), dim=1)
+        passages = facts[: f // 9].clone()  # P = F / 9 rows for the dense scan
+        for q in args.queries:
+            row = measure(queries[:q], facts, passages)
+            rows.append(row)
+            print(f"F {f:>7} Q {q:>3}: old {row['old_ms_per_query']:7.2f}  new "
+                  f"{row['new_ms_per_query']:6.2f} ({row['new_gflops']:5.1f})  panel GEMM "
+                  f"{row['panel_gemm_ms_per_query']:6.2f}  one GEMM "
+                  f"{row['one_gemm_ms_per_query']:6.2f} ({row['one_gemm_gflops']:5.1f})  "
+                  f"new/GEMM rate {row['new_fraction_of_gemm']:4.0%}  x{row['speedup']:.1f}  "
+                  f"dense {row['dense_ns_per_row']:.2f} ns/row vs facts "
+                  f"{row['new_ns_per_row']:.2f} ({row['fact_over_dense_per_row']:.2f}x)  "
+                  f"identical {row['bit_identical']}", flush=True)
+    record = provenance("bench_facts", threads=threads, device="cpu", git=git,
+                        batch_sizes={"queries": args.queries, "facts": args.facts})
+    record["rows"] = rows
+    append_result_or_exit(RESULTS, record, allow_dirty=args.allow_dirty)
+
+
+if __name__ == "__main__":
+    main()
