@@ -4,17 +4,18 @@ On F random unit fact rows (D = 64, float32) and Q random unit queries, k = 5 (t
 linking_top_k), one run per thread count:
 
 * ``old``: the two-pass torch path (`seeds._fact_topk_blocked`, what fact_topk ran on the CPU
-  before the one-pass kernel) with the rows per block plan_chunks gives at the default budget;
+  before the one-pass kernel, over the current scores_against) with the rows per block
+  plan_chunks gives at the default budget;
 * ``new``: fact_topk as shipped (one read of the facts, running raw top-k, numba);
 * ``panel GEMM``: `blockwise.panel_slabs` alone, the fixed-shape GEMMs both paths compute
   (the floor of a stage that keeps today's bits);
 * ``one GEMM``: torch.mm of [Q, D] x [D, F] in one call, the CPU's GEMM rate for the shape;
 * ``dense``: the dense passage scan, scores_against + minmax_rows over P = F / 9 rows.
 
-Each row: ms per query (median of repeats, first call apart), GFLOP/s (2 Q F D per call), the
-new stage as a fraction of the one-GEMM rate, fact stage vs dense scan per row scanned, and
-whether new and old agree bit for bit (values and rows). One JSON line is appended to
-benchmarks/results/bench_facts.jsonl.
+Each row: ms per query (median of repeats, first call apart; 20th percentiles beside them),
+GFLOP/s (2 Q F D per call), the new stage as a fraction of the one-GEMM rate, fact stage vs
+dense scan per row scanned, and whether new and old agree bit for bit (values and rows). One
+JSON line is appended to benchmarks/results/bench_facts.jsonl.
 
     python -m benchmarks.bench_facts --threads 1
 """
@@ -42,7 +43,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--facts", type=int, nargs="+", default=[450_000, 900_000])
     ap.add_argument("--queries", type=int, nargs="+", default=[1, 32, 64, 256])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=20.0, help="per timed call set")
     add_arguments(ap)
     args = ap.parse_args()
@@ -64,8 +65,12 @@ def main() -> None:
     queries = torch.nn.functional.normalize(torch.randn(max(args.queries), DIM, generator=gen),
                                             dim=1)
 
-    def timed(fn) -> float:
-        return time_call(fn, repeats=args.repeats, max_seconds=args.max_seconds).median
+    p20: dict[str, float] = {}  # the 20th percentile of each timing of the current row
+
+    def timed(fn, name: str) -> float:
+        t = time_call(fn, repeats=args.repeats, max_seconds=args.max_seconds)
+        p20[name] = t.p20
+        return t.median
 
     def gemm_only(x, emb) -> None:
         for _ in panel_slabs(x, emb):
@@ -78,11 +83,11 @@ def main() -> None:
         old = _fact_topk_blocked(x, facts, K, size)
         new = fact_topk(x, facts, K, size)
         same = bool(torch.equal(old[0], new[0]) and torch.equal(old[1], new[1]))
-        t_new = timed(lambda: fact_topk(x, facts, K, size))
-        t_old = timed(lambda: _fact_topk_blocked(x, facts, K, size))
-        t_panel = timed(lambda: gemm_only(x, facts))
-        t_mm = timed(lambda: torch.mm(x, facts.T))
-        t_dense = timed(lambda: minmax_rows(scores_against(x, passages)))
+        t_new = timed(lambda: fact_topk(x, facts, K, size), "new")
+        t_old = timed(lambda: _fact_topk_blocked(x, facts, K, size), "old")
+        t_panel = timed(lambda: gemm_only(x, facts), "panel_gemm")
+        t_mm = timed(lambda: torch.mm(x, facts.T), "one_gemm")
+        t_dense = timed(lambda: minmax_rows(scores_against(x, passages)), "dense")
         per_row_new = t_new / (q * f)
         per_row_dense = t_dense / (q * passages.shape[0])
         return {"facts": f, "queries": q, "rows_per_block": size, "k": K,
@@ -93,7 +98,8 @@ def main() -> None:
                 "new_fraction_of_gemm": t_mm / t_new, "speedup": t_old / t_new,
                 "dense_passages": passages.shape[0], "dense_ms_per_query": t_dense * 1e3 / q,
                 "dense_ns_per_row": per_row_dense * 1e9, "new_ns_per_row": per_row_new * 1e9,
-                "fact_over_dense_per_row": per_row_new / per_row_dense, "bit_identical": same}
+                "fact_over_dense_per_row": per_row_new / per_row_dense, "bit_identical": same,
+                "p20_ms_per_query": {n: v * 1e3 / q for n, v in p20.items()}}
 
     rows = []
     print(f"threads {threads}, D = {DIM}, k = {K}; ms per query (GFLOP/s)", flush=True)
