@@ -150,9 +150,10 @@ class PushOperator:
         threads = max(1, self.threads or torch.get_num_threads())
         with self._lock:  # one call at a time: the workspaces are shared
             while len(self._workspaces) < min(threads, max(num_queries, 1)):
-                self._workspaces.append(self._kernel.make_workspace(self.num_nodes))
+                self._workspaces.append(
+                    self._kernel.make_workspace(self.num_nodes, self.h, self.deg))
             out = self._kernel.push_queries(
-                self.indptr, self.indices, self.coef, self.deg, self.h, seed_ptr, nodes,
+                self.indptr, self.indices, self.coef, self.deg, seed_ptr, nodes,
                 weights, budget_np, int(work_cap), self.damping, self.passage_row,
                 self.num_passages, self._workspaces[:max(1, min(threads, num_queries))])
         scores, bound, pushes, work, touched, capped = (torch.from_numpy(a) for a in out)
