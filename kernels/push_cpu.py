@@ -52,6 +52,15 @@ def make_workspace(n: int, h: np.ndarray, deg: np.ndarray) -> Workspace:
     return Workspace(n, h, deg)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _enqueue(node, queue, tail, u):
+    """Mark node u queued and append it to the ring buffer; returns the new tail."""
+    node[u, 3] = 2.0
+    queue[tail] = u
+    tail += 1
+    return 0 if tail == queue.shape[0] else tail
+
+
 @njit(nogil=True, cache=True)
 def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, damping,
               node, p, touched, queue, passage_row, out_row):
@@ -92,11 +101,7 @@ def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, d
             for i in range(nt):
                 u = touched[i]
                 if node[u, 0] > 0.0 and node[u, 0] >= eps * node[u, 2]:
-                    node[u, 3] = 2.0
-                    queue[tail] = u
-                    tail += 1
-                    if tail == n:
-                        tail = 0
+                    tail = _enqueue(node, queue, tail, u)
                     size += 1
             while size > 0 and err > budget:
                 u = queue[head]
@@ -126,11 +131,7 @@ def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, d
                         state = 1.0
                         node[v, 3] = 1.0
                     if state == 1.0 and rv >= eps * node[v, 2]:
-                        node[v, 3] = 2.0
-                        queue[tail] = v
-                        tail += 1
-                        if tail == n:
-                            tail = 0
+                        tail = _enqueue(node, queue, tail, v)
                         size += 1
                 if work > work_cap:
                     capped = True

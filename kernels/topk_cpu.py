@@ -25,6 +25,22 @@ from numba import njit
 __all__ = ["RunningTopK", "top_p_rows"]
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _insert(vals, ids, n, p, v, j):
+    """Insert score v with id j into the n-long descending buffer vals/ids of capacity p (the
+    caller has checked that v enters: n < p or v > vals[p - 1]); returns the new length. Equal
+    scores keep their arrival order (the strict < stops at an equal one)."""
+    k = n if n < p else p - 1
+    while k > 0 and vals[k - 1] < v:
+        if k < p:
+            vals[k] = vals[k - 1]
+            ids[k] = ids[k - 1]
+        k -= 1
+    vals[k] = v
+    ids[k] = j
+    return n + 1 if n < p else n
+
+
 @njit(nogil=True, cache=True)
 def _top_p(sim, p, out, start, stop):  # sim [B, C] float32, out [B, p] int32
     c = sim.shape[1]
@@ -37,16 +53,7 @@ def _top_p(sim, p, out, start, stop):  # sim [B, C] float32, out [B, p] int32
             v = row[j]
             if v != v or (n == p and not v > vals[p - 1]):  # NaN never enters
                 continue
-            k = n if n < p else p - 1
-            while k > 0 and vals[k - 1] < v:
-                if k < p:
-                    vals[k] = vals[k - 1]
-                    ids[k] = ids[k - 1]
-                k -= 1
-            vals[k] = v
-            ids[k] = j
-            if n < p:
-                n += 1
+            n = _insert(vals, ids, n, p, v, j)
         for k in range(p):
             out[i, k] = ids[k] if k < n else -1
 
@@ -111,16 +118,7 @@ def _fold_slab(scores, keys, nq, row0, vals, vkeys, rows, fill, lo, hi):
             v = row[j]
             if n == m and not v > best[m - 1]:
                 continue
-            k = n if n < m else m - 1
-            while k > 0 and best[k - 1] < v:
-                if k < m:
-                    best[k] = best[k - 1]
-                    ids[k] = ids[k - 1]
-                k -= 1
-            best[k] = v
-            ids[k] = row0 + j
-            if n < m:
-                n += 1
+            n = _insert(best, ids, n, m, v, row0 + j)
         fill[i] = n
 
 
