@@ -50,10 +50,9 @@ from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
-from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver, default_tol
-from hippo_gpu.ppr.basis import solve_basis
+from hippo_gpu.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
+from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
-from hippo_gpu.ppr.linear import available as linear_available
 from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
 from hippo_gpu.results import (
     FactFilter,
@@ -63,7 +62,7 @@ from hippo_gpu.results import (
     QueryFailure,
     Ranking,
 )
-from hippo_gpu.seeds import fact_topk, leading_block, phrase_seeds, plan_chunks, reset_vectors
+from hippo_gpu.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
 from hippo_gpu.store import IndexFormatError
 
 __all__ = ["Searcher"]
@@ -407,16 +406,15 @@ class Searcher:
             clock.lap("dense")
             rows = query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1)
             if linear is not None:
-                solution = self._solve_linear(linear, cand_rows[a:b], cand_scores[a:b],
-                                              kept[a:b], fallback[a:b], e_pass[a:b], cos, cfg,
-                                              clock, report, rows)
-            else:
-                seeds = reset_vectors(index, cand_rows[a:b], cand_scores[a:b], kept[a:b], cos,
-                                      cfg, hybrid=hybrid, dtype=ppr_dtype(cfg))  # [N, c]
-                seeds[:, fallback[a:b]] = 1.0  # placeholder for fallback columns; discarded
-                clock.lap("seeds")
-                solution = self._solver(cfg).solve(seeds)
-                del seeds
+                out = solve_linear_chunk(index, linear, self._solver(cfg), cand_rows[a:b],
+                                         cand_scores[a:b], kept[a:b], fallback[a:b],
+                                         e_pass[a:b], cos, cfg, clock.lap)
+                report.record_push(out, rows)
+                solution = out.solution
+            else:  # [N, c] reset vectors
+                solution = iterate_chunk(index, self._solver(cfg), cand_rows[a:b],
+                                         cand_scores[a:b], kept[a:b], fallback[a:b], cos, cfg,
+                                         hybrid=hybrid, lap=clock.lap)
                 clock.lap("ppr")
             report.record(solution, rows)
             final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report)
@@ -431,53 +429,16 @@ class Searcher:
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
 
     def _linear(self, cfg: RetrievalConfig) -> LinearPPR | None:
-        """hipporag2's PPR by linearity (hippo_gpu.ppr.linear) where ``cfg.ppr_method`` picks it
-        ("basis_push", or "auto" with a stored basis of this damping and the numba kernels),
-        built on first use; None: iterate."""
-        if cfg.ppr_method not in ("auto", "basis_push") or len(self.index.passage_keys) == 0:
+        """hipporag2's PPR by linearity for ``cfg`` (passage_ppr.linear_ppr), built once per
+        damping; None: iterate."""
+        if cfg.ppr_method not in ("auto", "basis_push"):
             return None
         linear = self._linears.get(cfg.damping)
-        if linear is not None:
-            return linear
-        index = self.index
-        basis = index.basis
-        if basis is not None and basis.damping != cfg.damping:
-            basis = None
-        if cfg.ppr_method == "auto" and (basis is None or not linear_available()):
-            return None
-        if not linear_available():
-            raise ValueError("ppr_method 'basis_push' needs numba (the 'kernels' extra)")
-        if basis is None:  # asked for explicitly: solved now, once per searcher
-            basis = solve_basis(index.adjacency, index.passage_nodes, index.passage_emb,
-                                damping=cfg.damping, device=index.device)
-        linear = LinearPPR(index.adjacency, index.passage_nodes, index.passage_emb,
-                           basis.to(index.device))
-        self._linears[cfg.damping] = linear
+        if linear is None:
+            linear = linear_ppr(self.index, cfg)
+            if linear is not None:
+                self._linears[cfg.damping] = linear
         return linear
-
-    def _solve_linear(self, linear: LinearPPR, cand_rows: Tensor, cand_scores: Tensor,
-                      kept: Tensor, fallback: Tensor, e_pass: Tensor, cos: Tensor,
-                      cfg: RetrievalConfig, clock: _Clock, report: PPRReport,
-                      rows: Tensor) -> PPRSolution:
-        """One chunk of hipporag2 PPR by linearity; the queries whose push gives up are
-        iterated on their full reset vectors (hippo_gpu.ppr.linear)."""
-        index, dtype = self.index, ppr_dtype(cfg)
-        sq, sp, sw = phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept,
-                                  cfg.linking_top_k)
-        clock.lap("seeds")
-
-        def iterate(cols: Tensor) -> PPRSolution:
-            cols = cols.to(cand_rows.device)
-            seeds = reset_vectors(index, cand_rows[cols], cand_scores[cols], kept[cols],
-                                  cos[cols], cfg, dtype=dtype)
-            seeds[:, fallback[cols]] = 1.0  # placeholder for fallback columns; discarded
-            return self._solver(cfg).solve(seeds)
-
-        tol = cfg.ppr_tol if cfg.ppr_tol is not None else default_tol(dtype)
-        out = linear.solve(sq, sp, sw, e_pass, cos, cfg.passage_node_weight, tol, iterate,
-                           dtype=dtype, lap=clock.lap)
-        report.record_push(out, rows)
-        return out.solution
 
     def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,

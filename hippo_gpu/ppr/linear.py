@@ -144,7 +144,6 @@ class LinearPPR:
         steps = torch.zeros(c, dtype=torch.int64)
         certified = ok.clone()
         refined = torch.zeros(c, dtype=torch.bool)
-        bound = bound.clone()
         if not bool(ok.all()):
             cols = torch.nonzero(~ok).flatten()
             iterated = fallback(cols)
