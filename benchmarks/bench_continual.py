@@ -1,6 +1,10 @@
 """Continual indexing on musique_train: insert and delete against a build, in one run.
 
     python -m benchmarks.bench_continual --threads 2 [--stream 100] [--allow-dirty]
+    python -m benchmarks.bench_continual --threads 1 --synthetic 100000 --stream 1000
+
+(The second form: one change's cost as the index grows, on a synthetic corpus; see
+benchmarks/continual_synthetic.py. The rest of this docstring is the first form.)
 
 (a) build the index of the first 90 % of corpus.json from an EMPTY embedding cache (a fresh
     temporary cache: a user's first build, every text embedded);
@@ -53,6 +57,13 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--results", default=None)
+    ap.add_argument("--synthetic", type=int, default=None, metavar="N",
+                    help="run benchmarks/continual_synthetic.py on N synthetic passages instead")
+    ap.add_argument("--repeat", type=int, default=20,
+                    help="--synthetic: single inserts and single deletes timed")
+    ap.add_argument("--probe", type=int, default=250,
+                    help="--synthetic: measure load and query cost every this many commits")
+    ap.add_argument("--seed", type=int, default=0, help="--synthetic: corpus seed")
     add_arguments(ap)
     return ap.parse_args()
 
@@ -121,6 +132,12 @@ def main(args: argparse.Namespace) -> None:
     import faiss
 
     git = check_clean_or_exit(args.allow_dirty)  # before minutes of building, not after
+    faiss.omp_set_num_threads(args.threads)
+    if args.synthetic is not None:
+        from benchmarks.continual_synthetic import run
+
+        run(args, git)
+        return
     faiss.omp_set_num_threads(args.threads)
     data = musique_dir(root=args.data_dir,
                        need=("corpus.json", "questions.json", "openie*.json"))

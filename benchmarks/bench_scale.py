@@ -149,8 +149,8 @@ def phase_query(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
 
     from hippo_gpu.config import RetrievalConfig
-    from hippo_gpu.index import load_index
     from hippo_gpu.search import Searcher
+    from hippo_gpu.versions import load_index
 
     t0 = time.perf_counter()
     index = load_index(root / "index", device=args.device)
@@ -214,8 +214,8 @@ def phase_prpack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
 
     from hippo_gpu.embed import Encoder
-    from hippo_gpu.index import load_index
     from hippo_gpu.ppr import personalized_pagerank
+    from hippo_gpu.versions import load_index
 
     try:
         import igraph as ig

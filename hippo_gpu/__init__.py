@@ -12,10 +12,11 @@ warm-up) as the commands do::
 from hippo_gpu.build import build_index
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.index import Index, __version__, load_index
+from hippo_gpu.index import Index, __version__
 from hippo_gpu.results import Hit, Ranking
 from hippo_gpu.search import Searcher
 from hippo_gpu.searcher_spec import SearcherSpec
+from hippo_gpu.versions import load_index
 from hippo_gpu.writer import IndexWriter
 
 __all__ = [

@@ -3,10 +3,9 @@
 The one indexing pipeline: corpus and OpenIE readers (data.py), graph elements and the CSR
 adjacency (graph.py), embeddings with their content-addressed cache (embed/), synonym edges
 (synonyms.synonym_edges, over the kNN of vector_search.py), the passage basis of the graph
-(ppr/basis.py, when IndexConfig.ppr_basis). `assemble_index` is the part
-shared with the writer (writer.py): given the per-passage normalised triples of a corpus it
-computes everything else, reusing the vectors and synonym lists of a previous version where
-they are provably unchanged.
+(ppr/basis.py, when IndexConfig.ppr_basis). `assemble_index` computes everything from the
+per-passage normalised triples of a corpus; a writer's commit computes the same result from the
+previous version and the change instead (hippo_gpu.delta).
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from hippo_gpu.graph import (
 )
 from hippo_gpu.index import Index
 from hippo_gpu.ppr.basis import PassageBasis, solve_basis
-from hippo_gpu.synonyms import PreviousSynonyms, SynonymEdges, synonym_edges
+from hippo_gpu.synonyms import synonym_edges
 from hippo_gpu.tables import PassageTriples
 
 # Where vectors can come from besides the encoder: a PrecomputedEmbeddings directory (looked up
@@ -56,7 +55,8 @@ EmbeddingSource = PrecomputedEmbeddings | EmbeddingFunction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CorpusState", "Stages", "assemble_index", "build_index", "corpus_state"]
+__all__ = ["CorpusState", "Stages", "assemble_index", "build_index", "corpus_state",
+           "solve_index_basis"]
 
 
 @dataclass
@@ -179,7 +179,6 @@ def assemble_index(
     load_encoder: Callable[[], Encoder],
     device: torch.device,
     *,
-    previous: Index | None = None,
     stages: Stages | None = None,
     show_progress: bool = False,
     embeddings: EmbeddingSource | None = None,
@@ -191,12 +190,7 @@ def assemble_index(
     With `consume_triples` the per-passage triple lists of `state` are emptied once the graph
     elements hold them as integer rows (9M tuples at 1M passages; build_index owns its state).
 
-    With `previous` (an earlier version of the same index, same config), vectors of texts it
-    already holds are copied instead of encoded, and synonym lists are recomputed only for the
-    phrases whose list can change (synonyms.update_synonym_edges); the result is the index a
-    fresh build of `state` gives. `load_encoder` is called only if some text must be encoded.
-    The basis is always solved afresh (it depends on the whole graph), so it equals a fresh
-    build's within the certified bounds of both.
+    `load_encoder` is called only if some text must be encoded.
     """
     stages = stages or Stages()
     elements = extract_elements(state.triples, normalized=True, show_progress=show_progress)
@@ -206,17 +200,16 @@ def assemble_index(
     stages.lap("graph_elements")
 
     vectors = _Vectors(config, load_encoder, stages, embeddings, show_progress)
-    emb = _embed_elements(vectors, [p.content for p in state.passages], elements, previous)
-    synonyms, knn_info = synonym_edges(
-        elements.phrases, emb.phrases, config.graph, device,
-        previous=_previous_synonyms(previous) if previous is not None else None,
-        show_progress=show_progress)
+    emb = _embed_elements(vectors, [p.content for p in state.passages], elements)
+    synonyms, knn_info = synonym_edges(elements.phrases, emb.phrases, config.graph, device,
+                                       show_progress=show_progress)
     stages.lap("synonym_knn")
     graph_out = build_graph(elements, synonyms, config.graph)
     stages.lap("adjacency")
     basis = None
     if config.ppr_basis:
-        basis = _solve_basis(graph_out.adjacency, graph_out.passage_nodes, emb.passages, device)
+        basis = solve_index_basis(graph_out.adjacency, graph_out.passage_nodes, emb.passages,
+                                  device)
         stages.lap("basis")
 
     counts = dict(graph_out.counts)
@@ -253,7 +246,7 @@ def assemble_index(
     )
 
 
-def _solve_basis(adjacency: torch.Tensor, passage_nodes: torch.Tensor,
+def solve_index_basis(adjacency: torch.Tensor, passage_nodes: torch.Tensor,
                  passage_emb: torch.Tensor, device: torch.device) -> PassageBasis | None:
     """The passage basis at the default damping (queries at another damping iterate), or None
     for a graph without passages."""
@@ -268,10 +261,9 @@ def _solve_basis(adjacency: torch.Tensor, passage_nodes: torch.Tensor,
 
 
 class _Vectors:
-    """[n, D] float32 vectors of texts for assemble_index, from (in this order of preference)
-    the previous version (copied by text), a PrecomputedEmbeddings directory (looked up by
-    text) or an embedding function (every text); what is left is encoded, the encoder loaded
-    on first need. Each call is one stage ("embed_<kind>")."""
+    """[n, D] float32 vectors of texts for assemble_index, from a PrecomputedEmbeddings
+    directory (looked up by text) or an embedding function (every text); what is left is
+    encoded, the encoder loaded on first need. Each call is one stage ("embed_<kind>")."""
 
     def __init__(self, config: IndexConfig, load_encoder: Callable[[], Encoder], stages: Stages,
                  embeddings: EmbeddingSource | None, show_progress: bool) -> None:
@@ -284,19 +276,16 @@ class _Vectors:
             self._encoder = self.load_encoder()
         return self._encoder
 
-    def __call__(self, texts: list[str], what: str, old_texts: Sequence[str] | None,
-                 old_emb: torch.Tensor | None) -> torch.Tensor:
-        """Vectors of `texts` (`what`: "passages", "phrases" or "facts"); `old_texts` and
-        `old_emb` [n_old, D] are the previous version's (None: no previous version)."""
-        if old_texts is None and self.embeddings is not None and \
+    def __call__(self, texts: list[str], what: str) -> torch.Tensor:
+        """Vectors of `texts` (`what`: "passages", "phrases" or "facts")."""
+        if self.embeddings is not None and \
                 not isinstance(self.embeddings, PrecomputedEmbeddings):
             out = self._from_function(self.embeddings, texts, what)
-        else:
-            if old_texts is None and isinstance(self.embeddings, PrecomputedEmbeddings):
-                out, todo = self._precomputed(self.embeddings, texts, what)
-            else:
-                out, todo = _copied(texts, old_texts, old_emb)
+        elif isinstance(self.embeddings, PrecomputedEmbeddings):
+            out, todo = self._precomputed(self.embeddings, texts, what)
             out = self._encode_rest(texts, what, out, todo)
+        else:
+            out = self._encode_rest(texts, what, torch.zeros(0), list(range(len(texts))))
         self.stages.lap(f"embed_{what}")
         return out
 
@@ -329,21 +318,6 @@ class _Vectors:
         return out
 
 
-def _copied(texts: list[str], old_texts: Sequence[str] | None,
-            old_emb: torch.Tensor | None) -> tuple[torch.Tensor, list[int]]:
-    """([n, D] vectors with the rows of texts the previous version holds copied from it, the
-    rows left to encode)."""
-    row = {t: i for i, t in enumerate(old_texts)} if old_texts is not None else {}
-    todo = [i for i, t in enumerate(texts) if t not in row] if row else list(range(len(texts)))
-    dim = old_emb.shape[1] if old_emb is not None else 0
-    out = torch.zeros((len(texts), dim), dtype=torch.float32)
-    have = [(i, row[t]) for i, t in enumerate(texts) if t in row] if row else []
-    if have and old_emb is not None:
-        dst, src = zip(*have)
-        out[list(dst)] = old_emb.float().cpu()[list(src)]
-    return out, todo
-
-
 @dataclass
 class _Embedded:
     passage_texts: list[str]
@@ -352,17 +326,12 @@ class _Embedded:
     facts: torch.Tensor  # [F, D]
 
 
-def _embed_elements(vectors: _Vectors, passage_texts: list[str], elements: GraphElements,
-                    prev: Index | None) -> _Embedded:
+def _embed_elements(vectors: _Vectors, passage_texts: list[str],
+                    elements: GraphElements) -> _Embedded:
     """Vectors of the passages, phrases and facts of `elements`."""
-    passage_emb = vectors(passage_texts, "passages", prev.passage_texts if prev else None,
-                          prev.passage_emb if prev else None)
-    phrase_emb = vectors(elements.phrases, "phrases", prev.phrases if prev else None,
-                         prev.phrase_emb if prev else None)
-    fact_emb = vectors([fact_text(f) for f in elements.facts], "facts",
-                       [fact_text(f) for f in prev.facts] if prev else None,
-                       prev.fact_emb if prev else None)
-    return _Embedded(passage_texts, passage_emb, phrase_emb, fact_emb)
+    return _Embedded(passage_texts, vectors(passage_texts, "passages"),
+                     vectors(elements.phrases, "phrases"),
+                     vectors([fact_text(f) for f in elements.facts], "facts"))
 
 
 def _triple_report(state: CorpusState, per_passage: np.ndarray) -> dict[str, Any]:
@@ -382,15 +351,6 @@ def _triple_report(state: CorpusState, per_passage: np.ndarray) -> dict[str, Any
         "passages_without_triples": int((per_passage == 0).sum()),
         "passages_with_error": sum(state.error),
     }
-
-
-def _previous_synonyms(prev: Index) -> PreviousSynonyms:
-    """What synonyms.update_synonym_edges reuses of an earlier version (in its phrase rows)."""
-    return PreviousSynonyms(
-        phrases=list(prev.phrases), vectors=prev.phrase_emb.float().cpu(),
-        edges=SynonymEdges(prev.synonym_src.numpy(), prev.synonym_dst.numpy(),
-                           prev.synonym_score.float().numpy()),
-        info=prev.report.get("synonym_knn", {}))
 
 
 def _log_report(report: OpenIEReport) -> None:

@@ -32,9 +32,9 @@ from hippo_gpu.progress import progress
 from hippo_gpu.synonyms import SynonymEdges
 from hippo_gpu.tables import FactTable
 
-__all__ = ["Graph", "GraphElements", "build_graph", "coo_to_csr", "edge_counts",
-           "extract_elements", "fact_text", "make_csr", "normalize_text",
-           "phrase_passage_counts"]
+__all__ = ["Graph", "GraphElements", "GraphPart", "build_graph", "coo_to_csr", "edge_counts",
+           "extract_elements", "fact_pairs", "fact_text", "make_csr", "normalize_text",
+           "patch_graph", "phrase_pair_stats", "phrase_passage_counts"]
 
 
 def fact_text(fact: Triple) -> str:
@@ -153,48 +153,155 @@ class Graph:
     counts: dict[str, int]  # upstream graph_info counts (see edge_counts)
 
 
-def build_graph(elements: GraphElements, synonyms: SynonymEdges, cfg: GraphConfig) -> Graph:
-    """Combine fact, synonym and passage statistics into the symmetric adjacency A = S + S^T."""
-    m = len(elements.phrases)
-    p = elements.num_passages
-    n = m + p
+def phrase_pair_stats(fact_src: np.ndarray, fact_dst: np.ndarray, fact_count: np.ndarray,
+                      synonyms: SynonymEdges, m: int,
+                      cfg: GraphConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Ordered phrase-pair statistics (module docstring): (unique keys src·max(M, 1) + dst,
+    their weights), self pairs and zero weights included (upstream counts them as edges).
 
-    # ordered phrase-pair statistics: facts, then synonyms overwrite (or add to) them
-    f_key = elements.fact_pair_src * max(m, 1) + elements.fact_pair_dst
-    s_key = synonyms.src * max(m, 1) + synonyms.dst
+    Args:
+        fact_src, fact_dst, fact_count: unique ordered fact pairs and their float64 counts.
+        synonyms: the accepted synonym assignments.
+    """
+    mm = max(m, 1)
+    f_key = fact_src * mm + fact_dst
+    s_key = synonyms.src * mm + synonyms.dst
     keys = np.concatenate([f_key, s_key])
-    vals = np.concatenate([elements.fact_pair_count, synonyms.score.astype(np.float64)])
+    vals = np.concatenate([fact_count, synonyms.score.astype(np.float64)])
     is_syn = np.concatenate([np.zeros(len(f_key), bool), np.ones(len(s_key), bool)])
     uniq, inv = np.unique(keys, return_inverse=True)
+    inv = inv.reshape(-1)
     if cfg.synonym_overwrites_facts:
         # per key: the synonym score if any, else the fact count
         has_syn = np.zeros(len(uniq), dtype=bool)
         has_syn[inv[is_syn]] = True
         pick = is_syn | ~has_syn[inv]
-        phrase_w = np.bincount(inv[pick], weights=vals[pick], minlength=len(uniq))
-    else:
-        phrase_w = np.bincount(inv, weights=vals, minlength=len(uniq))
-    ps_src = uniq // max(m, 1)
-    ps_dst = uniq % max(m, 1)
+        return uniq, np.bincount(inv[pick], weights=vals[pick], minlength=len(uniq))
+    return uniq, np.bincount(inv, weights=vals, minlength=len(uniq))
 
-    # passage -> phrase, one orientation, weight 1
-    pp_src = elements.passage_phrase_passage + m
-    pp_dst = elements.passage_phrase_phrase
 
-    src = np.concatenate([ps_src, pp_src])
-    dst = np.concatenate([ps_dst, pp_dst])
-    w = np.concatenate([phrase_w, np.ones(len(pp_src))])
+def _symmetric_entries(phrase_keys: np.ndarray, phrase_w: np.ndarray, m: int,
+                       inc_passage: np.ndarray,
+                       inc_phrase: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The COO entries of A = S + Sᵀ (duplicates not yet summed): phrase pairs from their keys,
+    passage -> phrase pairs (passage rows 0..P-1, placed after the M phrase rows) with weight 1;
+    self pairs and zero weights dropped."""
+    mm = max(m, 1)
+    src = np.concatenate([phrase_keys // mm, inc_passage + m])
+    dst = np.concatenate([phrase_keys % mm, inc_phrase])
+    w = np.concatenate([phrase_w, np.ones(len(inc_passage))])
     off = (src != dst) & (w != 0)
     src, dst, w = src[off], dst[off], w[off]
-    # symmetrise: A = S + S^T, summing duplicates
-    rows = np.concatenate([src, dst])
-    cols = np.concatenate([dst, src])
-    vals_sym = np.concatenate([w, w])
-    adjacency = coo_to_csr(rows, cols, vals_sym, n)
+    return np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([w, w])
 
-    counts = edge_counts(elements, len(uniq), len(pp_src))
+
+def build_graph(elements: GraphElements, synonyms: SynonymEdges, cfg: GraphConfig) -> Graph:
+    """Combine fact, synonym and passage statistics into the symmetric adjacency A = S + S^T."""
+    m = len(elements.phrases)
+    p = elements.num_passages
+    n = m + p
+    uniq, phrase_w = phrase_pair_stats(elements.fact_pair_src, elements.fact_pair_dst,
+                                       elements.fact_pair_count, synonyms, m, cfg)
+    rows, cols, vals = _symmetric_entries(uniq, phrase_w, m, elements.passage_phrase_passage,
+                                          elements.passage_phrase_phrase)
+    adjacency = coo_to_csr(rows, cols, vals, n)
+    counts = edge_counts(elements, len(uniq), len(elements.passage_phrase_passage))
     return Graph(adjacency=adjacency, passage_nodes=torch.arange(m, n, dtype=torch.int64),
                  counts=counts)
+
+
+def fact_pairs(spo: np.ndarray, occurrences: np.ndarray,
+               m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique ordered fact pairs and counts from facts [F, 3] and their occurrence counts [F]:
+    an occurrence of (s, p, o) adds 1 to (s, o) and to (o, s), as extract_elements counts."""
+    mm = max(m, 1)
+    s, o = spo[:, 0], spo[:, 2]
+    keys, inv = np.unique(np.concatenate([s * mm + o, o * mm + s]), return_inverse=True)
+    occ = occurrences.astype(np.float64)
+    counts = np.bincount(inv.reshape(-1), weights=np.concatenate([occ, occ]),
+                         minlength=len(keys))
+    return keys // mm, keys % mm, counts
+
+
+@dataclass(frozen=True)
+class GraphPart:
+    """The statistics of a graph that touch a set of nodes: the facts with a touched subject
+    or object (rank triples and occurrence counts), the synonym assignments with a touched end
+    and the passage -> phrase pairs with a touched end."""
+
+    spo: np.ndarray  # [f, 3]
+    occurrences: np.ndarray  # [f]
+    synonyms: SynonymEdges
+    inc_passage: np.ndarray  # [e] passage rows 0..P-1
+    inc_phrase: np.ndarray  # [e]
+
+    @classmethod
+    def touching(cls, touched: np.ndarray, m: int, spo: np.ndarray, occurrences: np.ndarray,
+                 synonyms: SynonymEdges, inc_passage: np.ndarray,
+                 inc_phrase: np.ndarray) -> GraphPart:
+        """The part touching the nodes where `touched` [N] is true (phrases 0..M-1, then
+        passages): vectorised filters, no sort."""
+        f = touched[spo[:, 0]] | touched[spo[:, 2]]
+        s = touched[synonyms.src] | touched[synonyms.dst]
+        e = touched[inc_phrase] | touched[inc_passage + m]
+        return cls(spo[f], occurrences[f],
+                   SynonymEdges(synonyms.src[s], synonyms.dst[s], synonyms.score[s]),
+                   inc_passage[e], inc_phrase[e])
+
+    def key_counts(self, m: int, cfg: GraphConfig) -> tuple[int, int]:
+        """(unique ordered fact pairs, unique phrase-pair keys) of this part: what it adds to
+        edge_counts' fact_edges and edges - passage_edges."""
+        fs, fd, fc = fact_pairs(self.spo, self.occurrences, m)
+        uniq, _ = phrase_pair_stats(fs, fd, fc, self.synonyms, m, cfg)
+        return len(fs), len(uniq)
+
+
+def patch_graph(old: torch.Tensor, node_to_new: np.ndarray, n: int, m: int,
+                dirty: np.ndarray, part: GraphPart, cfg: GraphConfig) -> torch.Tensor:
+    """The adjacency of a changed graph from the old one, recomputing only the dirty rows.
+
+    Args:
+        old: [N_old, N_old] the old adjacency (CSR).
+        node_to_new: [N_old] each old node's new row, -1 if gone; monotone (phrases keep
+            their order, passages theirs, and every phrase precedes every passage in both).
+        n, m: the new node and phrase counts.
+        dirty: [n] bool, new rows whose entries may differ: every node of an added or removed
+            fact occurrence, passage link or synonym assignment.
+        part: the new graph's statistics touching the dirty nodes (GraphPart.touching).
+
+    Claim: A[u, v] = S[u, v] + S[v, u] depends only on the statistics of the pair {u, v}; a
+    change of any of them marks both u and v dirty, so an entry with two clean ends is the old
+    entry at its renumbered place (a monotone renumbering keeps each CSR row sorted: no sort),
+    and an entry with a dirty end is computed from `part`, which holds every statistic of such
+    a pair, by the same functions as build_graph (float64 sums of the same terms, so the same
+    float32 values). The two sets of entries are disjoint; their sum is the new adjacency.
+    Cost: elementwise passes over the old entries and a sort of the dirty rows' entries only.
+    """
+    from scipy.sparse import csr_matrix
+
+    crow = old.crow_indices().numpy()
+    col = old.col_indices().numpy()
+    val = old.values().numpy()
+    n_old = len(crow) - 1
+    clean_old = node_to_new >= 0
+    clean_old &= ~dirty[np.maximum(node_to_new, 0)]
+    row = np.repeat(np.arange(n_old, dtype=np.int64), np.diff(crow))
+    keep = clean_old[row] & clean_old[col]
+    new_row = node_to_new[row[keep]]
+    counts = np.bincount(new_row, minlength=n)
+    clean = csr_matrix((val[keep].astype(np.float32), node_to_new[col[keep]],
+                        np.concatenate([[0], np.cumsum(counts)])), shape=(n, n))
+    fs, fd, fc = fact_pairs(part.spo, part.occurrences, m)
+    uniq, phrase_w = phrase_pair_stats(fs, fd, fc, part.synonyms, m, cfg)
+    rows, cols, vals = _symmetric_entries(uniq, phrase_w, m, part.inc_passage, part.inc_phrase)
+    fresh = coo_to_csr(rows, cols, vals, n)
+    fresh_sp = csr_matrix((fresh.values().numpy(), fresh.col_indices().numpy(),
+                           fresh.crow_indices().numpy()), shape=(n, n))
+    total = (clean + fresh_sp).tocsr()
+    total.sort_indices()
+    return make_csr(torch.from_numpy(total.indptr.astype(np.int64)),
+                    torch.from_numpy(total.indices.astype(np.int64)),
+                    torch.from_numpy(total.data.astype(np.float32)), n)
 
 
 def edge_counts(elements: GraphElements, phrase_pair_keys: int, passage_pairs: int) -> dict:

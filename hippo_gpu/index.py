@@ -1,7 +1,8 @@
 """Index: the data of one index version (tensors, tables, config), and its load/save.
 
 An `Index` holds what indexing produced and nothing else: no encoder, no solver, no retrieval.
-`build.build_index` makes one; `load_index` reads one from disk; `Index.to(device)` moves it;
+`build.build_index` makes one; `versions.load_index` reads one from disk (`index_of_files` here
+makes the base version's part); `Index.to(device)` moves it;
 `search.Searcher` answers queries over it.
 """
 
@@ -22,16 +23,10 @@ from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
 from hippo_gpu.ppr.basis import PassageBasis
-from hippo_gpu.store import (
-    FORMAT_VERSION,
-    IndexFormatError,
-    read_index_dir,
-    write_version,
-    writer_lock,
-)
+from hippo_gpu.store import IndexFormatError, write_version, writer_lock
 from hippo_gpu.tables import FactTable, PassageTriples, StringTable
 
-__all__ = ["Index", "IndexFormatError", "__version__", "load_index"]
+__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files"]
 
 __version__ = "0.1.0"
 
@@ -252,24 +247,16 @@ def _passage_triple_rows(passage_triples: Sequence[list[Triple]],
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), rows
 
 
-def load_index(
-    path: str | Path,
-    device: str | torch.device = "auto",
-    *,
-    precision: str = "float32",
-    encoder: str | None = None,
-    verify: bool = True,
-) -> Index:
-    """Load an index directory onto `device`, verifying checksums and the format version.
+def index_of_files(path: Path, manifest: dict[str, Any],
+                   files: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]], *,
+                   encoder: str | None = None) -> Index:
+    """The Index of a base version's files (store.read_index_dir), on the CPU in float32.
 
     Args:
-        precision: dtype of the embeddings on the device (and so of the scores): "float32"
-            (default, on every device), "float16" or "bfloat16" (half the memory; see the
-            README for their measured effect on rankings).
         encoder: if given, the encoder the caller intends to query with; a mismatch with the
             encoder the index was built with raises IndexFormatError.
     """
-    manifest, tensors, tables = read_index_dir(path, verify=verify)
+    tensors, tables = files
     try:
         config = IndexConfig.from_dict(manifest["config"])
         g = tensors["graph"]
@@ -290,12 +277,9 @@ def load_index(
         index.basis = _basis_of(tensors.get("basis"), index)
     except KeyError as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
-    if not isinstance(t["passage_texts"], StringTable) or \
-            manifest.get("format_version") != FORMAT_VERSION:
+    if not isinstance(t["passage_texts"], StringTable):
         raise IndexFormatError(f"{path}: passage texts are not a string table")
-    precision_dtype(precision)  # validate before moving anything
-    dev = resolve_device(device)
-    return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
+    return index
 
 
 def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
@@ -330,8 +314,8 @@ def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
         passage_emb=e["passage"],
         phrase_emb=e["phrase"],
         fact_emb=e["fact"],
-        counts=manifest.get("counts", {}),
-        report=manifest.get("openie_report", {}),
+        counts=manifest.get("base_counts") or manifest.get("counts", {}),
+        report=manifest.get("base_openie_report") or manifest.get("openie_report", {}),
         timings=manifest.get("build_seconds", {}),
         passage_triples=PassageTriples(facts, g["passage_triple_ptr"].numpy(),
                                        g["passage_triple_fact"].numpy()),

@@ -64,6 +64,7 @@ from hippo_gpu.results import (
 )
 from hippo_gpu.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
 from hippo_gpu.store import IndexFormatError
+from hippo_gpu.versions import refresh_index
 
 __all__ = ["Searcher"]
 
@@ -162,6 +163,19 @@ class Searcher:
     @property
     def device(self) -> torch.device:
         return self.index.device
+
+    def refresh(self) -> Searcher:
+        """A searcher over the current version of this index's directory, reached by replaying
+        the segments committed since (versions.refresh_index: no reload of the base), with the
+        same settings and query encoder; this searcher itself when nothing was committed."""
+        index = refresh_index(self.index)
+        if index is self.index:
+            return self
+        return Searcher(index, self.config, query_precision=self.encoder_config.precision,
+                        query_batch_size=self.encoder_config.query_batch_size,
+                        query_backend=self.encoder_config.backend,
+                        encoder=self._query_encoder, cache_dir=self._cache_dir,
+                        profile=self.profile)
 
     @property
     def encoder(self) -> Encoder:

@@ -24,8 +24,9 @@ from typing import cast
 
 from hippo_gpu.config import ENCODER_BACKENDS, MODES, PRECISIONS, RetrievalConfig
 from hippo_gpu.device import check_device, resolve_device, set_threads
-from hippo_gpu.index import Index, load_index
+from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
+from hippo_gpu.versions import load_index
 
 __all__ = ["DEFAULT_WARM_UP", "SearcherSpec"]
 

@@ -2,31 +2,38 @@
 
 Layout of an index directory DIR:
 
-    DIR/manifest.json     the commit point: names the current version, its files and their
-                          sha256, the config, encoder identity and counts
-    DIR/v000007/          one version's files: graph.safetensors, embeddings.safetensors,
-                          basis.safetensors (the passage basis, when the index has one: a
-                          version without it loads with none), tables.json, one NAME.strings
-                          per string table (and .readers, the readers' lock file)
+    DIR/manifest.json     the commit point: names the current version, its base directory and
+                          the segments after it, every file's sha256, the config, encoder
+                          identity and counts (of the current version; the base's own as
+                          base_counts once segments follow it)
+    DIR/v000007/          a base: one version's full files: graph.safetensors,
+                          embeddings.safetensors, basis.safetensors (the passage basis, when
+                          the index has one: a version without it loads with none),
+                          tables.json, one NAME.strings per string table (and .readers, the
+                          readers' lock file)
+    DIR/s000008/          a segment: what one commit changed since the version before it
+                          (change.safetensors, change.json; hippo_gpu.versions), replayed on
+                          the base by a load
 
 Loading is lazy: safetensors files are memory-mapped (copy-on-write, so a tensor is writable
 in the reader's process without touching the file) and a `.strings` file (int64 n, int64
 offsets[n + 1], UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on
-access. A 1M-passage index therefore loads in the time of its checksums, and a passage text
-is decoded only when something reads it. Format version 3 (this one) added the string tables
-and the integer fact rows; version 2 directories are refused with the command that rebuilds
-them.
+access. A 1M-passage base therefore loads in the time of its checksums, and a passage text
+is decoded only when something reads it. Format version 4 (this one) added segments; version
+3 directories (one full version per commit) read as a base without segments, and version 2
+ones are refused with the command that rebuilds them.
     DIR/.writer.lock      the single-writer lock (flock; the OS releases it if a writer dies)
 
-A commit writes a new version directory under a temporary name, fsyncs every file, renames it
-to vNNNNNN, fsyncs DIR, then replaces manifest.json atomically (write a temporary file, fsync,
-rename, fsync DIR). A writer killed at any point therefore leaves manifest.json naming either
-the old version or the new one, each complete and verifiable; leftovers of a killed writer
-(temporary directories, versions no manifest names) are removed by the next writer or by
-`collect_garbage`. A reader reads manifest.json once and then only that version's files,
-holding a shared lock on the version's `.readers` file while it reads, so garbage collection
-(which needs the exclusive lock) never deletes files under a reader. Files and directories get
-the user's umask permissions.
+A commit (`write_segment`) or a compaction (`write_version`: a new base, no segments) writes
+its directory under a temporary name, fsyncs every file, renames it to sNNNNNN or vNNNNNN,
+fsyncs DIR, then replaces manifest.json atomically (write a temporary file, fsync, rename,
+fsync DIR). A writer killed at any point therefore leaves manifest.json naming either the old
+version or the new one, each complete and verifiable; leftovers of a killed writer (temporary
+directories, directories no manifest names) are removed by the next writer or by
+`collect_garbage`. A reader reads manifest.json once and then only the files of the
+directories it names, holding a shared lock on each one's `.readers` file while it reads, so
+garbage collection (which needs the exclusive lock) never deletes files under a reader. Files
+and directories get the user's umask permissions.
 """
 
 from __future__ import annotations
@@ -52,11 +59,12 @@ from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.tables import StringTable
 
 FORMAT = "hippo-gpu-index"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (3, 4)  # 3: one full version per commit (no segments); reads as 4's base
 MANIFEST = "manifest.json"
 WRITER_LOCK = ".writer.lock"
 READERS_LOCK = ".readers"
-_VERSION = re.compile(r"^v(\d{6})$")
+_VERSION = re.compile(r"^[vs](\d{6})$")  # a base (vNNNNNN) or a segment (sNNNNNN)
 
 # A commit's steps in order; `on_step(name)` is called before each (fault-injection tests kill
 # the writer there).
@@ -181,32 +189,11 @@ def _versions(root: Path) -> list[int]:
     return sorted(out)
 
 
-def write_version(
-    index_dir: str | Path,
-    manifest: dict[str, Any],
-    tensors: dict[str, dict[str, torch.Tensor]],
-    tables: dict[str, dict[str, Any]],
-    strings: dict[str, Sequence[str]] | None = None,
-    *,
-    on_step: Callable[[str], None] | None = None,
-) -> Path:
-    """Commit a new version of the index at `index_dir` (the caller holds the writer lock).
-
-    Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
-    per string table (tables.StringTable's file) into a new version
-    directory, then makes it current by replacing manifest.json (see the module docstring).
-    Refuses a non-empty directory that is not an index. Returns the index directory.
-    """
-    step = on_step or (lambda name: None)
-    root = Path(index_dir).resolve()
-    if root.exists() and any(p for p in root.iterdir() if p.name != WRITER_LOCK) \
-            and not is_index_dir(root):
-        raise IndexFormatError(
-            f"{root} exists, is not empty and is not a hippo-gpu index; refusing to write there")
-    root.mkdir(parents=True, exist_ok=True)
-    existing = _versions(root)
-    version = (existing[-1] + 1) if existing else 1
-    name = f"v{version:06d}"
+def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]],
+               tables: dict[str, Any], strings: dict[str, Sequence[str]],
+               step: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Write one version directory root/name (a base or a segment): files under a temporary
+    name, fsync each, rename the directory, fsync root. Returns the manifest's file entries."""
     tmp = root / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -224,7 +211,7 @@ def write_version(
             with path.open("w", encoding="utf-8") as f:
                 json.dump(table, f, ensure_ascii=False)
             written.append(path)
-        for name_, texts in (strings or {}).items():
+        for name_, texts in strings.items():
             path = tmp / f"{name_}.strings"
             (texts if isinstance(texts, StringTable) else StringTable.from_strings(texts)) \
                 .write(path)
@@ -244,22 +231,105 @@ def write_version(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return files
+
+
+def _next_version(root: Path) -> int:
+    existing = _versions(root)
+    current = read_manifest(root).get("version", 0) if is_index_dir(root) else 0
+    return max(existing[-1] if existing else 0, int(current)) + 1
+
+
+def _commit_manifest(root: Path, full: dict[str, Any], step: Callable[[str], None]) -> None:
     step("write_manifest")
-    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
-            "version": version, "files": files}
     # the rename is the commit point
     write_atomic(root / MANIFEST, json.dumps(full, indent=2, sort_keys=True),
                  before_replace=lambda: step("rename_manifest"))
     step("collect_garbage")
     collect_garbage(root)
+
+
+def write_version(
+    index_dir: str | Path,
+    manifest: dict[str, Any],
+    tensors: dict[str, dict[str, torch.Tensor]],
+    tables: dict[str, dict[str, Any]],
+    strings: dict[str, Sequence[str]] | None = None,
+    *,
+    on_step: Callable[[str], None] | None = None,
+    base_from: int | None = None,
+) -> Path:
+    """Commit a new base version of the index at `index_dir` (the caller holds the writer lock):
+    a full copy, with no segments after it.
+
+    Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
+    per string table (tables.StringTable's file) into a new version directory vNNNNNN, then
+    makes it current by replacing manifest.json (see the module docstring). Refuses a non-empty
+    directory that is not an index. Returns the index directory.
+
+    `base_from`: the version whose content this base holds (a compaction copies the current
+    version; default: the new version itself), so a reader holding it needs no reload.
+    """
+    step = on_step or (lambda name: None)
+    root = Path(index_dir).resolve()
+    if root.exists() and any(p for p in root.iterdir() if p.name != WRITER_LOCK) \
+            and not is_index_dir(root):
+        raise IndexFormatError(
+            f"{root} exists, is not empty and is not a hippo-gpu index; refusing to write there")
+    root.mkdir(parents=True, exist_ok=True)
+    version = _next_version(root)
+    name = f"v{version:06d}"
+    files = _write_dir(root, name, tensors, tables, strings or {}, step)
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
+            "version": version, "base": name, "files": files, "segments": [],
+            "base_from": version if base_from is None else int(base_from)}
+    _commit_manifest(root, full, step)
     return root
+
+
+def write_segment(
+    index_dir: str | Path,
+    manifest: dict[str, Any],
+    tensors: dict[str, dict[str, torch.Tensor]],
+    tables: dict[str, dict[str, Any]],
+    *,
+    on_step: Callable[[str], None] | None = None,
+) -> int:
+    """Commit a new version as a segment (sNNNNNN: what changed since the current version)
+    appended to the current manifest's chain; `manifest` updates its top-level fields (counts,
+    report). The caller holds the writer lock. Returns the new version number."""
+    step = on_step or (lambda name: None)
+    root = Path(index_dir).resolve()
+    current = read_manifest(root)
+    version = _next_version(root)
+    name = f"s{version:06d}"
+    files = _write_dir(root, name, tensors, tables, {}, step)
+    segments = [*current.get("segments", []), {"name": name, "version": version,
+                                                "files": files}]
+    # the base's own counts and report stay readable: the top level describes the new version
+    kept = {k: current[f"base_{k}"] if f"base_{k}" in current else current.get(k)
+            for k in ("counts", "openie_report")}
+    full = {**current, **manifest, "format_version": FORMAT_VERSION, "version": version,
+            "base": base_name(current), "segments": segments,
+            "base_counts": kept["counts"], "base_openie_report": kept["openie_report"],
+            "base_from": current.get("base_from", current.get("version"))}
+    _commit_manifest(root, full, step)
+    return version
+
+
+def base_name(manifest: dict[str, Any]) -> str:
+    """The base version directory a manifest names (format 3: the version itself)."""
+    return str(manifest.get("base") or f"v{int(manifest.get('version', 0)):06d}")
 
 
 def collect_garbage(index_dir: str | Path) -> list[str]:
     """Remove what no manifest names: older versions no reader holds, and a killed writer's
     temporary files. Call with the writer lock held. Returns the removed names."""
     root = Path(index_dir)
-    current = read_manifest(root).get("version") if is_index_dir(root) else None
+    named: set[str] | None = None
+    if is_index_dir(root):
+        manifest = read_manifest(root)
+        named = {base_name(manifest), *(seg["name"] for seg in manifest.get("segments", []))}
     removed = []
     for p in sorted(root.iterdir()):
         if p.name.startswith(".tmp-") or p.name.startswith(f".{MANIFEST}.tmp-"):
@@ -271,7 +341,7 @@ def collect_garbage(index_dir: str | Path) -> list[str]:
             continue
         m = _VERSION.match(p.name)
         # without a manifest no version is known to be garbage: keep them all
-        if not m or not p.is_dir() or current is None or int(m.group(1)) == current:
+        if not m or not p.is_dir() or named is None or p.name in named:
             continue
         lock = p / READERS_LOCK
         try:
@@ -295,7 +365,7 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT:
         raise IndexFormatError(f"{path}: not a {FORMAT} manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise IndexFormatError(
             f"{path}: format version {version}, this hippo-gpu reads version {FORMAT_VERSION}; "
             f"rebuild the index from its corpus and OpenIE files: hippo-gpu index --corpus "
@@ -304,38 +374,57 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def read_index_dir(
-    index_dir: str | Path, *, verify: bool = True
-) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
-    """Read and verify the current version of an index dir: (manifest, tensor groups, tables).
+Files = tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]  # (tensor groups, tables)
 
-    The manifest is read once; its version's files are read under that version's shared
-    readers lock, so a concurrent commit or garbage collection cannot change what is read.
+
+def read_index_dir(
+    index_dir: str | Path, *, verify: bool = True, after: int | None = None,
+) -> tuple[dict[str, Any], Files | None, list[tuple[int, Files]]]:
+    """Read and verify the current version of an index dir: (manifest, base files, segments).
+
+    The manifest is read once; the files of the base and of every segment it names are read
+    under their directories' shared readers locks, so a concurrent commit or garbage collection
+    cannot change what is read. With `after` (a version the caller holds, whose base is the
+    manifest's too) the base is not read (None) and only the segments of later versions are:
+    what a reader needs to move to the current version. Segments come as (version, files).
     """
     root = Path(index_dir)
     for _attempt in range(3):
         manifest = read_manifest(root)
-        version_dir = root / f"v{int(manifest.get('version', 0)):06d}"
-        try:
-            lock_file = (version_dir / READERS_LOCK).open("r")
-        except FileNotFoundError:
-            if is_index_dir(root) and read_manifest(root).get("version") != \
-                    manifest.get("version"):
-                continue  # a commit and a collection ran between the two reads: read again
-            raise IndexFormatError(f"{version_dir}: missing (named by {MANIFEST})") from None
-        with lock_file:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
-            if os.fstat(lock_file.fileno()).st_nlink == 0:
-                continue  # a collection removed the version between open() and flock(): again
-            return manifest, *_read_files(root, manifest, verify)  # type: ignore[return-value]
+        names = [] if after is not None else [base_name(manifest)]
+        segs = [s for s in manifest.get("segments", [])
+                if after is None or int(s["version"]) > after]
+        names += [s["name"] for s in segs]
+        with contextlib.ExitStack() as stack:
+            retry = False
+            for name in names:
+                try:
+                    lock_file = stack.enter_context((root / name / READERS_LOCK).open("r"))
+                except FileNotFoundError:
+                    if is_index_dir(root) and read_manifest(root).get("version") != \
+                            manifest.get("version"):
+                        retry = True  # a commit and a collection ran between the reads
+                        break
+                    raise IndexFormatError(f"{root / name}: missing (named by {MANIFEST})") \
+                        from None
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
+                if os.fstat(lock_file.fileno()).st_nlink == 0:
+                    retry = True  # a collection removed it between open() and flock()
+                    break
+            if retry:
+                continue
+            files = manifest.get("files", {})
+            base = _read_files(root, files, verify) if after is None else None
+            segments = [(int(s["version"]), _read_files(root, s["files"], verify))
+                        for s in segs]
+            return manifest, base, segments
     raise IndexFormatError(f"{root}: the index changed three times while being read")
 
 
-def _read_files(root: Path, manifest: dict[str, Any],
-                verify: bool) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+def _read_files(root: Path, files: dict[str, Any], verify: bool) -> Files:
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     tables: dict[str, Any] = {}
-    for name, meta in manifest.get("files", {}).items():
+    for name, meta in files.items():
         path = root / name
         if not path.exists():
             raise IndexFormatError(f"{path}: missing (listed in {MANIFEST})")

@@ -11,7 +11,7 @@ asking for 2047 and far cheaper at scale.
 What is here: `SynonymEdges` (the result), the walk (`select_synonym_edges`, `phrase_masks`,
 `_walk`), the symmetric union and per-source cap the approximate strategies use, their recall
 helpers (`edge_recall`, `sample_recall`), the strategies (`approximate_synonym_edges`,
-`join_synonym_edges`, `update_synonym_edges`), and `synonym_edges`, the one entry point the
+`join_synonym_edges`, `update_synonym_rows`), and `synonym_edges`, the one entry point the
 build calls: it resolves the backend and picks the strategy. The neighbour searches themselves
 (torch top-k, faiss flat/IVF/HNSW) are vector_search.py; the threshold join is cosine_join.py.
 """
@@ -76,12 +76,23 @@ def synonym_candidates_k(cfg: GraphConfig, num_phrases: int) -> int:
     return min(cfg.synonym_top_k, cfg.synonym_max_neighbors + 2, num_phrases)
 
 
-def phrase_masks(phrases: list[str], cfg: GraphConfig) -> tuple[np.ndarray, np.ndarray]:
-    """([M] eligible for synonym edges, [M] is the empty phrase), as select_synonym_edges uses."""
+def phrase_masks(phrases: Sequence[str], cfg: GraphConfig,
+                 rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """([M] eligible for synonym edges, [M] is the empty phrase), as select_synonym_edges uses;
+    with `rows`, only those rows are read and set (the others are False): a walk over a few
+    rows reads a few texts, not all M."""
     m = len(phrases)
-    alnum = np.fromiter((len(_NON_ALNUM.sub("", p)) for p in phrases), dtype=np.int64, count=m)
-    empty = np.fromiter((p == "" for p in phrases), dtype=bool, count=m)
-    return alnum > cfg.synonym_min_alnum, empty
+    if rows is None:
+        alnum = np.fromiter((len(_NON_ALNUM.sub("", p)) for p in phrases), dtype=np.int64,
+                            count=m)
+        empty = np.fromiter((p == "" for p in phrases), dtype=bool, count=m)
+        return alnum > cfg.synonym_min_alnum, empty
+    eligible, empty = np.zeros(m, dtype=bool), np.zeros(m, dtype=bool)
+    for r in rows.tolist():
+        text = phrases[r]
+        eligible[r] = len(_NON_ALNUM.sub("", text)) > cfg.synonym_min_alnum
+        empty[r] = text == ""
+    return eligible, empty
 
 
 def _walk(scores: np.ndarray, ids: np.ndarray, rows: np.ndarray, eligible: np.ndarray,
@@ -100,7 +111,7 @@ def _walk(scores: np.ndarray, ids: np.ndarray, rows: np.ndarray, eligible: np.nd
 
 
 def select_synonym_edges(
-    phrases: list[str], scores: torch.Tensor, ids: torch.Tensor, cfg: GraphConfig,
+    phrases: Sequence[str], scores: torch.Tensor, ids: torch.Tensor, cfg: GraphConfig,
     rows: np.ndarray | None = None,
 ) -> SynonymEdges:
     """Apply upstream's walk to kNN results, vectorised over all phrases.
@@ -119,8 +130,9 @@ def select_synonym_edges(
     m = len(phrases)
     if s.size == 0:
         return _no_edges()
-    eligible, empty = phrase_masks(phrases, cfg)  # [M] each
     own = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)  # [R]
+    needed = None if rows is None else np.unique(np.concatenate([own, i[i >= 0].ravel()]))
+    eligible, empty = phrase_masks(phrases, cfg, needed)  # [M] each
     return _walk(s, i, own, eligible, empty, cfg)
 
 
@@ -175,13 +187,22 @@ def sample_recall(edges: SynonymEdges, rows: np.ndarray, exact: SynonymEdges,
 _AFFECTED_MARGIN = 1e-4
 
 
-def update_synonym_edges(
-    old_phrases: list[str], old_emb: torch.Tensor, old: SynonymEdges,
-    new_phrases: list[str], new_emb: torch.Tensor, cfg: GraphConfig, *,
+def update_synonym_rows(
+    to_new: np.ndarray, old: SynonymEdges, new_phrases: Sequence[str], new_emb: torch.Tensor,
+    added: np.ndarray, removed_emb: torch.Tensor, cfg: GraphConfig, *,
     backend: str, device: torch.device, chunk: int = 8192,
-) -> tuple[SynonymEdges, int]:
-    """The synonym edges of `new_phrases` from those of `old_phrases`, recomputing only the
-    phrases whose list can change. Returns (edges in new rows, number of phrases recomputed).
+) -> tuple[SynonymEdges, SynonymEdges, np.ndarray]:
+    """The synonym edges after phrases were added and removed, recomputing only the phrases
+    whose list can change. Returns (kept edges, recomputed edges, recomputed source rows), all
+    in the new rows; the new edge set is the two concatenated.
+
+    Args:
+        to_new: [M_old] new row of each old phrase row, -1 for a removed phrase.
+        old: the old edges (old rows).
+        new_phrases: [M] the new phrase texts (for the eligibility rules of the walk).
+        new_emb: [M, D] the new phrase vectors.
+        added: [a] rows (new numbering) of the phrases the old set lacks.
+        removed_emb: [r, D] vectors of the removed phrases.
 
     Claim: the walk of `select_synonym_edges` for phrase u reads only the neighbours v with
     cos(u, v) >= threshold (it stops at the first one below), in descending order, plus u's
@@ -189,21 +210,17 @@ def update_synonym_edges(
     cos(u, x) >= threshold was added or removed. The affected set is therefore: the added
     phrases, and every phrase within the threshold (less a small margin) of an added or removed
     phrase. Their lists are recomputed by kNN against the new phrase set; every other list is
-    copied, with its rows renumbered. The result equals a fresh `select_synonym_edges` on the
-    new set, except where two neighbours tie exactly at the `synonym_max_neighbors` cut (then
-    the kNN's tie order, which depends on row numbers, decides in both). Cost: one [C, M] GEMM
-    for the C changed phrases and a kNN for the affected rows only.
+    copied, with its rows renumbered (monotone, hippo_gpu.delta: each list keeps its order).
+    The result equals a fresh `select_synonym_edges` on the new set, except where two
+    neighbours tie exactly at the `synonym_max_neighbors` cut (then the kNN's tie order, which
+    depends on row numbers, decides in both). Cost: one [C, M] GEMM for the C changed phrases
+    and a kNN for the affected rows only.
     """
-    new_row = {p: i for i, p in enumerate(new_phrases)}
-    old_set = set(old_phrases)
-    added = np.array([i for i, p in enumerate(new_phrases) if p not in old_set], dtype=np.int64)
-    removed = np.array([j for j, p in enumerate(old_phrases) if p not in new_row],
-                       dtype=np.int64)
     m = len(new_phrases)
     affected = np.zeros(m, dtype=bool)
     affected[added] = True
     changed = torch.cat([new_emb[torch.from_numpy(added)].float(),
-                         old_emb[torch.from_numpy(removed)].float()]).to(device)  # [C, D]
+                         removed_emb.float()]).to(device)  # [C, D]
     if changed.shape[0] and m:
         base = new_emb.float().to(device)
         for start in range(0, m, chunk):
@@ -212,20 +229,21 @@ def update_synonym_edges(
                 (best >= cfg.synonym_threshold - _AFFECTED_MARGIN).cpu().numpy()
     # copy the lists of unaffected phrases, renumbered (their neighbours all survive: a removed
     # neighbour would be within the threshold, making the phrase affected)
-    to_new = np.array([new_row.get(p, -1) for p in old_phrases], dtype=np.int64)
     src_new = to_new[old.src] if len(old.src) else old.src
     keep = (src_new >= 0) & ~affected[np.maximum(src_new, 0)]
     kept = SynonymEdges(src_new[keep], to_new[old.dst[keep]], old.score[keep])
     if (kept.dst < 0).any():
         raise AssertionError("a kept synonym points to a removed phrase")  # the claim above
     rows = np.nonzero(affected)[0]
+    if not len(rows):
+        return kept, _no_edges(), rows
     k = synonym_candidates_k(cfg, m)
     if backend == "ivf-join":  # the affected rows are few: search them exactly
         backend = "torch"
     vectors = new_emb.float().to(device) if backend == "torch" else new_emb.float()
     scores, ids = knn(vectors, k, backend=backend, rows=rows)
     fresh = select_synonym_edges(new_phrases, scores, ids, cfg, rows=rows)
-    return _concat_edges([kept, fresh]), int(len(rows))
+    return kept, fresh, rows
 
 
 # --- approximate synonym kNN at scale ---------------------------------------------------------
@@ -413,25 +431,14 @@ def join_synonym_edges(
 # --- the entry point ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PreviousSynonyms:
-    """The synonym edges of an earlier version of an index and what they were computed from."""
-
-    phrases: list[str]  # [M_old] phrase texts, old row order
-    vectors: torch.Tensor  # [M_old, D] float32 phrase vectors (CPU)
-    edges: SynonymEdges  # in old rows
-    info: dict[str, Any]  # that build's synonym_knn report
-
-
 def synonym_edges(
     phrases: list[str], vectors: torch.Tensor, cfg: GraphConfig, device: torch.device, *,
-    previous: PreviousSynonyms | None = None, show_progress: bool = False,
+    show_progress: bool = False,
 ) -> tuple[SynonymEdges, dict[str, Any]]:
     """The synonym edges of `phrases`, by the strategy `cfg.knn_backend` resolves to.
 
-    The backend is `resolve_knn_backend(cfg.knn_backend, device, M)`. With `previous`, whatever
-    the backend: `update_synonym_edges` (only the lists that can change are recomputed; the
-    recall reported is the previous build's). Otherwise "ivf-join": `join_synonym_edges`;
+    The backend is `resolve_knn_backend(cfg.knn_backend, device, M)`. "ivf-join":
+    `join_synonym_edges`;
     "faiss-hnsw" / "faiss-ivf": `approximate_synonym_edges`; an exact backend: `knn` for
     `synonym_candidates_k` neighbours, then `select_synonym_edges` (recall 1.0).
 
@@ -448,14 +455,6 @@ def synonym_edges(
     backend = resolve_knn_backend(cfg.knn_backend, device, m)
     k = synonym_candidates_k(cfg, m)
     info: dict[str, Any] = {"backend": backend, "k": k}
-    if previous is not None:
-        edges, recomputed = update_synonym_edges(
-            previous.phrases, previous.vectors, previous.edges, phrases, vectors, cfg,
-            backend=backend, device=device)
-        info["recomputed_phrases"] = recomputed
-        if "recall_vs_exact" in previous.info:
-            info["recall_vs_exact"] = previous.info["recall_vs_exact"]
-        return edges, info
     if backend == "ivf-join":
         edges, info = join_synonym_edges(phrases, vectors, cfg, device=device,
                                          show_progress=show_progress)

@@ -75,6 +75,39 @@ class StringTable(_SequenceEq):
     def __len__(self) -> int:
         return len(self._off) - 1
 
+    def splice(self, keep: np.ndarray, at: np.ndarray, strings: Sequence[str]) -> StringTable:
+        """A new table: the rows where `keep` [n] is true, with `strings[i]` inserted before old
+        row `at[i]` (`at` sorted, n meaning the end; strings at one position keep their order).
+
+        Array work at memory speed: the kept rows are copied as contiguous runs of the blob
+        (one run between two changes), never decoded.
+        """
+        n = len(self)
+        at = np.asarray(at, dtype=np.int64)
+        removed = np.nonzero(~np.asarray(keep, dtype=bool))[0]
+        cuts = np.unique(np.concatenate([[0, n], removed, removed + 1, at]))
+        raw = [s.encode("utf-8") for s in strings]
+        starts = np.searchsorted(at, cuts[:-1], side="left")
+        ends = np.searchsorted(at, cuts[:-1], side="right")
+        blobs: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        lens = np.diff(self._off)
+        for a, b, i, j in zip(cuts[:-1].tolist(), cuts[1:].tolist(), starts.tolist(),
+                              ends.tolist()):
+            if j > i:  # the strings inserted before row a
+                blobs.append(np.frombuffer(b"".join(raw[i:j]), dtype=np.uint8))
+                lengths.append(np.fromiter(map(len, raw[i:j]), np.int64, count=j - i))
+            if a < n and keep[a]:  # rows a .. b-1 are one kept run
+                blobs.append(self._blob[self._off[a]:self._off[b]])
+                lengths.append(lens[a:b])
+        tail = np.searchsorted(at, n, side="left")
+        if tail < len(raw):  # appended at the end
+            blobs.append(np.frombuffer(b"".join(raw[tail:]), dtype=np.uint8))
+            lengths.append(np.fromiter(map(len, raw[tail:]), np.int64, count=len(raw) - tail))
+        blob = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
+        length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        return StringTable(np.concatenate([[0], np.cumsum(length)]).astype(np.int64), blob)
+
     def _get(self, i: int) -> str:
         return bytes(self._blob[self._off[i]:self._off[i + 1]]).decode("utf-8")
 

@@ -1,36 +1,41 @@
-"""IndexWriter: insert and delete passages on a stored index, committing atomic new versions.
+"""IndexWriter: insert and delete passages on a stored index; each commit a small segment.
 
-Semantics: after any sequence of inserts and deletes, the index equals a fresh build of the
-final corpus (passages in the writer's order: kept passages in their order, then inserted ones
-in insertion order) with the same OpenIE and config: the same phrases and facts (the same rows,
-since both are sorted by text), the same fact, passage and synonym edges and weights. That holds
-because a commit recomputes the graph from the stored per-passage triples with the same code as
-a build (build.assemble_index), and only two things are reused instead of recomputed:
+Semantics: after any sequence of inserts, deletes and compactions, the index equals a fresh
+build of the final corpus (passages in the writer's order: kept passages in their order, then
+inserted ones in insertion order) with the same OpenIE and config: the same phrases and facts
+(the same rows, since both are sorted by text), the same fact, passage and synonym edges and
+weights. A commit computes the new version from the last one and the change (hippo_gpu.delta
+proves it equal to a build), reusing two things instead of recomputing them:
 
-    vectors   copied by text from the previous version; texts never seen are encoded, through
-              the content-addressed embedding cache. A fresh build that shares that cache reads
-              the very same vectors; one without it re-encodes them, and an encoder's output
-              can differ by ~1e-7 with the batch a text lands in, so a synonym edge whose cosine
-              is within ~1e-7 of the threshold could then differ;
+    vectors   of every text the last version holds (rows copied); texts never seen are
+              encoded, through the content-addressed embedding cache. A fresh build that shares
+              that cache reads the very same vectors; one without it re-encodes them, and an
+              encoder's output can differ by ~1e-7 with the batch a text lands in, so a synonym
+              edge whose cosine is within ~1e-7 of the threshold could then differ;
     synonyms  the accepted lists of phrases that no added or removed phrase is within the
-              threshold of (synonyms.update_synonym_edges proves those lists unchanged).
-
-The passage basis (IndexConfig.ppr_basis, hippo_gpu.ppr.basis) is not reused: it depends on the
-whole graph, so a commit solves it afresh like a build (stage "basis"), and it equals a fresh
-build's within the certified column bounds of both (the same graph gives the same solves).
+              threshold of (synonyms.update_synonym_rows proves those lists unchanged).
 
 The cost of a commit is therefore: encoding the new texts, one GEMM of the changed phrases
-against all phrases, a kNN for the affected phrases, rebuilding the adjacency from stored
-integers (vectorised numpy) and, with the basis, D + 1 PPR solves over the whole graph, plus
-writing the new version.
+against all phrases, a kNN for the affected phrases, the adjacency rows of the touched nodes
+(graph.patch_graph), array copies at memory speed for the rest, and writing a segment of the
+change's size (store.write_segment): no triple of an unchanged passage is re-read, nothing
+unchanged is rewritten. Every stage is timed in `last_change.stage_seconds`.
+
+The passage basis (IndexConfig.ppr_basis, hippo_gpu.ppr.basis) depends on the whole graph, so a
+commit leaves the new version without one (hipporag2 iterates on it) and a compaction solves it:
+`compact()` writes the current version as a new base with its basis (a fresh build's within the
+certified bounds of both), after which loads replay nothing. The writer compacts by itself after
+a commit that leaves `compact_after` segments or segments over a quarter of the base's bytes
+(versions.needs_compaction); the server compacts in the background once writes pause
+(serve/writes.py).
 
 Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
-a commit is store.write_version (new files, fsync, then an atomic manifest switch); readers keep
-the version they loaded. `commit()` returns the new version as an `Index` (the one it computed,
-not a reload: equal to `load_index` of it), and the writer keeps it as its base: a writer
-reopened after `close()` reads the index from disk again only if the manifest no longer names
-that version (same files, same checksums), so a long-lived writer (the server's) reads the index
-once, not once per change; it holds that version in host memory (float32) meanwhile.
+a commit writes its segment directory (fsync) and then switches the manifest atomically;
+readers keep the version they loaded and move to a later one by replaying its segments
+(Searcher.refresh). `commit()` returns the new version as an `Index` (the one it computed, not a
+reload: equal to `load_index` of it), and the writer keeps it: a writer reopened after `close()`
+replays only what other writers committed since (versions.refresh_index), so a long-lived writer
+(the server's) reads the index once; it holds the last version in host memory (float32).
 
 Validation happens before anything is written: inserting a passage the index (or this writer)
 already holds is a no-op, deleting an unknown key is a KeyError naming it and changes nothing,
@@ -51,14 +56,41 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.build import CorpusState, Stages, assemble_index, corpus_state
+import numpy as np
+import torch
+
+from hippo_gpu.build import Stages, corpus_state, solve_index_basis
 from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage, as_passages, read_openie
+from hippo_gpu.delta import (
+    Change,
+    NewVectors,
+    apply_change,
+    change_counts,
+    new_texts,
+    plan_change,
+)
 from hippo_gpu.device import resolve_device
 from hippo_gpu.embed import Encoder, runnable_precision
-from hippo_gpu.index import Index, load_index
-from hippo_gpu.store import collect_garbage, read_manifest, write_version, writer_lock
+from hippo_gpu.index import Index
+from hippo_gpu.store import (
+    collect_garbage,
+    read_manifest,
+    write_segment,
+    write_version,
+    writer_lock,
+)
+from hippo_gpu.versions import (
+    Segment,
+    expected_counts,
+    load_index,
+    needs_compaction,
+    refresh_index,
+    segment_files,
+)
 
 log = logging.getLogger(__name__)
+
+COMPACT_AFTER = 16  # segments a writer lets accumulate before it compacts (IndexWriter)
 
 __all__ = ["ChangeReport", "IndexWriter"]
 
@@ -77,7 +109,8 @@ class ChangeReport:
     synonym_pairs_removed: int = 0
     synonym_phrases_recomputed: int = 0
     skipped_present: int = 0  # inserted passages the index already held (no-ops)
-    version: int | None = None
+    version: int | None = None  # the version the commit left current
+    compacted: bool = False  # the commit compacted the chain (stages "compact_*")
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -96,12 +129,16 @@ class IndexWriter:
             fault-injection tests kill the process there.
         encoder: an already loaded Encoder of the index's encoder config to reuse (default:
             one is loaded on the first commit that has a text to encode).
+        compact_after: compact (`compact`) after a commit that leaves this many segments, or
+            segments of more than a quarter of the base's bytes (versions.needs_compaction);
+            None: only when asked (a server compacts in the background instead).
     """
 
     def __init__(self, index_dir: str | Path, *, device: str = "auto",
                  cache_dir: str | Path | None = None, show_progress: bool = False,
                  on_step: Callable[[str], None] | None = None,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None,
+                 compact_after: int | None = COMPACT_AFTER) -> None:
         self.index_dir = Path(index_dir)
         self.device = resolve_device(device)
         self.cache_dir = cache_dir
@@ -109,11 +146,12 @@ class IndexWriter:
         self.on_step = on_step
         self._lock: contextlib.ExitStack | None = None
         self._base: Index | None = None
-        self._base_files: dict[str, Any] | None = None  # the manifest's files of _base's version
-        self._state: CorpusState | None = None
         self._skipped = 0
         self._encoder: Encoder | None = encoder
         self._last_change: ChangeReport | None = None
+        self.compact_after = compact_after
+        self.last_compaction: dict[str, float] = {}
+        self.garbage: list[str] = []  # what the last open() removed (store.collect_garbage)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -126,12 +164,11 @@ class IndexWriter:
         stack = contextlib.ExitStack()
         stack.enter_context(writer_lock(self.index_dir))
         try:
-            collect_garbage(self.index_dir)
-            files = read_manifest(self.index_dir).get("files")
-            if self._base is None or files != self._base_files:
-                self._base, self._base_files = None, None
+            self.garbage = collect_garbage(self.index_dir)
+            if self._base is None:
                 self._base = load_index(self.index_dir, device="cpu")
-                self._base_files = files
+            else:  # another writer may have committed since: replay its segments
+                self._base = refresh_index(self._base)
             if self._encoder is not None and \
                     self._encoder.config.identity() != self._base.config.encoder.identity():
                 raise ValueError(
@@ -161,15 +198,9 @@ class IndexWriter:
             self.close()
 
     def _reset(self) -> None:
-        base = self._require_base()
-        self._state = CorpusState(
-            passages=[Passage(title=t, text=c[len(t) + 1:])
-                      for t, c in zip(base.passage_titles, base.passage_texts)],
-            triples=[list(ts) for ts in base.passage_triples],
-            malformed=[dict(m) for m in base.passage_malformed],
-            error=list(base.passage_error),
-            extra={k: int(base.report.get(k, 0)) for k in ("missing_passages", "extra_passages")},
-        )
+        self._removed: set[int] = set()  # base passage rows staged for removal
+        self._added = Change(removed=np.zeros(0, np.int64))  # staged passages to append
+        self._added_keys: dict[str, int] = {}  # key -> position in self._added.passages
         self._skipped = 0
 
     def _require_base(self) -> Index:
@@ -192,8 +223,8 @@ class IndexWriter:
     @property
     def pending(self) -> bool:
         """Whether inserts or deletes are waiting for a commit."""
-        base, state = self._require_base(), self._state
-        return state is not None and [p.key for p in state.passages] != base.passage_keys
+        self._require_base()
+        return bool(self._removed) or bool(self._added.passages)
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -223,7 +254,6 @@ class IndexWriter:
         (nothing staged) for duplicate passages or a docs list of another length.
         """
         self._require_base()
-        assert self._state is not None
         passages = as_passages(passages)
         if len(docs) != len(passages):
             raise DataFormatError(f"{len(passages)} passage(s) but {len(docs)} OpenIE doc(s)")
@@ -235,52 +265,70 @@ class IndexWriter:
             return 0
         add = corpus_state([p for p in passages if p.key in new],
                            [d for p, d in zip(passages, docs) if p.key in new])
-        self._state.passages += add.passages
-        self._state.triples += add.triples
-        self._state.malformed += add.malformed
-        self._state.error += add.error
+        staged = self._added
+        for i, p in enumerate(add.passages):
+            self._added_keys[p.key] = len(staged.passages)
+            staged.passages.append(p)
+            staged.triples.append(add.triples[i])
+            staged.malformed.append(add.malformed[i])
+            staged.error.append(add.error[i])
         return len(new)
 
     def _unseen(self, passages: Sequence[Passage]) -> list[Passage]:
-        """The passages neither the index nor this writer's staged changes hold."""
-        assert self._state is not None
-        present = {p.key for p in self._state.passages}
-        return [p for p in passages if p.key not in present]
+        """The passages neither the index (less its staged removals) nor the staged inserts
+        hold."""
+        rows = self._require_base().row_of_key
+        out = []
+        for p in passages:
+            row = rows.get(p.key)
+            present = (row is not None and row not in self._removed) or \
+                p.key in self._added_keys
+            if not present:
+                out.append(p)
+        return out
 
     def delete(self, keys: Sequence[str]) -> int:
         """Stage the removal of passages by key ("chunk-<md5>"). An unknown key raises KeyError
         naming it, and nothing is staged. Returns how many were removed."""
-        self._require_base()
-        assert self._state is not None
+        rows = self._require_base().row_of_key
         if isinstance(keys, str):
             raise TypeError("keys must be a list of passage keys, not one string")
-        have = {p.key: i for i, p in enumerate(self._state.passages)}
-        unknown = [k for k in keys if k not in have]
+        keys = list(dict.fromkeys(keys))
+        unknown = [k for k in keys if k not in self._added_keys and
+                   (rows.get(k) is None or rows[k] in self._removed)]
         if unknown:
             raise KeyError(f"{len(unknown)} unknown passage key(s), nothing deleted: "
                            f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
-        drop = {have[k] for k in keys}
-        s = self._state
-        keep = [i for i in range(len(s.passages)) if i not in drop]
-        s.passages = [s.passages[i] for i in keep]
-        s.triples = [s.triples[i] for i in keep]
-        s.malformed = [s.malformed[i] for i in keep]
-        s.error = [s.error[i] for i in keep]
-        return len(drop)
+        staged = [k for k in keys if k in self._added_keys]
+        if staged:  # staged inserts: drop them from the staged lists
+            drop = {self._added_keys[k] for k in staged}
+            a = self._added
+            keep = [i for i in range(len(a.passages)) if i not in drop]
+            a.passages = [a.passages[i] for i in keep]
+            a.triples = [a.triples[i] for i in keep]
+            a.malformed = [a.malformed[i] for i in keep]
+            a.error = [a.error[i] for i in keep]
+            self._added_keys = {p.key: i for i, p in enumerate(a.passages)}
+        self._removed.update(rows[k] for k in keys if k not in staged)
+        return len(keys)
 
     def delete_titles(self, titles: Sequence[str]) -> int:
         """Stage the removal of every passage with one of `titles` (KeyError for a title that
         matches none)."""
-        self._require_base()
-        assert self._state is not None
+        base = self._require_base()
+        wanted = set(titles)
         by_title: dict[str, list[str]] = {}
-        for p in self._state.passages:
-            by_title.setdefault(p.title, []).append(p.key)
+        for row, title in enumerate(base.passage_titles):
+            if title in wanted and row not in self._removed:
+                by_title.setdefault(title, []).append(base.passage_keys[row])
+        for p in self._added.passages:
+            if p.title in wanted:
+                by_title.setdefault(p.title, []).append(p.key)
         unknown = [t for t in titles if t not in by_title]
         if unknown:
             raise KeyError(f"{len(unknown)} unknown title(s), nothing deleted: "
                            f"{', '.join(unknown[:5])}")
-        return self.delete([k for t in titles for k in by_title[t]])
+        return self.delete([k for t in dict.fromkeys(titles) for k in by_title[t]])
 
     # -- commit ------------------------------------------------------------------------------------
 
@@ -289,7 +337,7 @@ class IndexWriter:
         it (on CPU, float32: what `load_index` of the new version gives; `last_change` says
         what changed). The writer keeps it as the base of its next changes."""
         base = self._require_base()
-        assert self._state is not None
+
         stages = Stages()
 
         def load_encoder() -> Encoder:
@@ -300,43 +348,75 @@ class IndexWriter:
                 stages.lap("load_encoder")
             return self._encoder
 
-        if not self._state.passages:
+        change = self._added
+        change.removed = np.array(sorted(self._removed), dtype=np.int64)
+        if len(change.removed) == len(base.passage_keys) and not change.passages:
             raise DataFormatError("a commit would leave the index without passages; delete the "
                                   "index directory instead")
-        new = assemble_index(self._state, base.config, load_encoder, self.device,
-                             previous=base, stages=stages, show_progress=self.show_progress)
-        stages.lap("assemble")
-        write_version(self.index_dir, *new.payload(), on_step=self.on_step)
+        plan = plan_change(base, change)
+        stages.lap("plan")
+        phrase_texts, fact_texts = new_texts(plan)
+        dim = int(base.passage_emb.shape[1])
+
+        def encode(texts: list[str], what: str) -> torch.Tensor:
+            out = load_encoder().encode(texts, desc=f"embed {what}" if self.show_progress
+                                        else None) if texts else torch.zeros(0, dim)
+            stages.lap(f"embed_{what}")
+            return out
+
+        vectors = NewVectors(encode([p.content for p in change.passages], "passages"),
+                             encode(phrase_texts, "phrases"), encode(fact_texts, "facts"))
+        new, update = apply_change(base, change, plan, vectors, base.config, self.device,
+                                   lap=stages.lap)
+        counts = change_counts(base, change, plan, update)
+        tensors, tables = segment_files(Segment(change, vectors, update, expected_counts(new)))
+        version = write_segment(self.index_dir, {"counts": new.counts,
+                                                 "openie_report": _as_json(new.report)},
+                                tensors, tables, on_step=self.on_step)
         stages.lap("save")
-        manifest = read_manifest(self.index_dir)  # under the lock: the version just written
-        new.path, new.version = self.index_dir, manifest.get("version")
-        new.report = json.loads(json.dumps(new.report))  # as stored (JSON keys are strings)
-        report = _diff(base, new)
-        report.skipped_present = self._skipped
-        report.synonym_phrases_recomputed = int(
-            new.report["synonym_knn"].get("recomputed_phrases", 0))
+        new.path, new.version = self.index_dir, version
+        new.report = _as_json(new.report)  # as stored (JSON keys are strings)
+        report = ChangeReport(**counts, skipped_present=self._skipped)  # type: ignore[arg-type]
         new.timings = stages.seconds
-        report.stage_seconds = stages.seconds
+        report.stage_seconds = dict(stages.seconds)
         report.version = new.version
-        self._base, self._base_files = new, manifest.get("files")
+        self._base = new
         self._last_change = report
         self._reset()
+        if self.compact_after is not None and \
+                needs_compaction(read_manifest(self.index_dir), self.compact_after):
+            new = self.compact()
+            report.stage_seconds.update({f"compact_{k}": v
+                                         for k, v in self.last_compaction.items()})
+            report.version, report.compacted = new.version, True
+        return new
+
+    def compact(self) -> Index:
+        """Write the last committed version as a new base (a full copy, with its passage basis
+        solved when the index keeps one) so loads stop replaying segments; the chain starts
+        again from it. Readers keep what they hold; `refresh_index` moves them without a
+        reload (the base's content is the version they hold). Returns the new base version;
+        its stage times are `last_compaction`."""
+        base = self._require_base()
+        if self.pending:
+            raise RuntimeError("commit (or close the writer to discard) the staged changes "
+                               "before compacting")
+        stages = Stages()
+        basis = base.basis
+        if base.config.ppr_basis and basis is None:
+            basis = solve_index_basis(base.adjacency, base.passage_nodes, base.passage_emb,
+                                      self.device)
+            stages.lap("basis")
+        new = replace(base, basis=basis)
+        write_version(self.index_dir, *new.payload(), on_step=self.on_step,
+                      base_from=base.version)
+        stages.lap("save")
+        new.version = read_manifest(self.index_dir).get("version")
+        self._base = new
+        self.last_compaction = dict(stages.seconds)
         return new
 
 
-def _diff(old: Index, new: Index) -> ChangeReport:
-    def pairs(index: Index) -> set[tuple[str, str]]:
-        ph = index.phrases
-        return {(ph[a], ph[b]) for a, b in zip(index.synonym_src.tolist(),
-                                               index.synonym_dst.tolist())}
-
-    op, np_ = set(old.passage_keys), set(new.passage_keys)
-    oph, nph = set(old.phrases), set(new.phrases)
-    of, nf = set(old.facts), set(new.facts)
-    osy, nsy = pairs(old), pairs(new)
-    return ChangeReport(
-        passages_added=len(np_ - op), passages_removed=len(op - np_),
-        phrases_added=len(nph - oph), phrases_removed=len(oph - nph),
-        facts_added=len(nf - of), facts_removed=len(of - nf),
-        synonym_pairs_added=len(nsy - osy), synonym_pairs_removed=len(osy - nsy),
-    )
+def _as_json(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as the manifest stores it (JSON keys are strings)."""
+    return json.loads(json.dumps(report))

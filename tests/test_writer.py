@@ -179,9 +179,9 @@ def close_maps(got: dict, want: dict, tol: float, what: str) -> None:
 
 
 def content_stats(index: Index) -> dict:
-    """stats() without the wall time of the basis solve (the one entry two equal builds differ
-    in)."""
-    return {k: v for k, v in index.stats().items() if k != "basis_seconds"}
+    """stats() without the basis entries (a commit defers the basis to the next compaction,
+    so equal contents may differ in having one; tests compare bases apart)."""
+    return {k: v for k, v in index.stats().items() if not k.startswith("basis_")}
 
 
 def assert_same_index(got: Index, want: Index) -> None:
@@ -193,7 +193,8 @@ def assert_same_index(got: Index, want: Index) -> None:
     assert got.facts == want.facts
     assert got.passage_triples == want.passage_triples
     assert content_stats(got) == content_stats(want)
-    assert_same_basis(got, want)
+    if got.basis is not None:  # a commit defers the basis to the next compaction (versions.py)
+        assert_same_basis(got, want)
     for name in ("passage_emb", "phrase_emb", "fact_emb", "fact_phrases",
                  "phrase_passage_counts"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -253,10 +254,13 @@ def manifest_version(index_dir: Path) -> int:
 
 
 def leftovers(index_dir: Path) -> list[str]:
-    """Entries other than the manifest, the lock file and the current version."""
-    current = f"v{manifest_version(index_dir):06d}"
+    """Entries other than the manifest, the lock file and the current version's base and
+    segments."""
+    manifest = json.loads((index_dir / MANIFEST).read_text())
+    named = {manifest.get("base", f"v{manifest['version']:06d}"),
+             *(seg["name"] for seg in manifest.get("segments", []))}
     return sorted(p.name for p in index_dir.iterdir()
-                  if p.name not in (MANIFEST, WRITER_LOCK, current))
+                  if p.name not in (MANIFEST, WRITER_LOCK, *named))
 
 
 # -- property test: any sequence of changes equals a fresh build -------------------------------
@@ -281,11 +285,11 @@ def test_random_changes_equal_a_fresh_build(graph_name, enc, sample):
             index_dir = Path(tmp) / "index"
             build(enc, sample, model, index_dir, graph)
             version = manifest_version(index_dir)
-            w = IndexWriter(index_dir, device="cpu", encoder=enc).open()
+            w = IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None).open()
             try:
                 for _ in range(data.draw(st.integers(1, 6), label="ops")):
                     op = data.draw(st.sampled_from(["insert", "delete", "insert_present",
-                                                    "reopen"]), label="op")
+                                                    "reopen", "compact"]), label="op")
                     if op == "insert":  # may include present passages: those are skipped
                         rows = data.draw(st.lists(st.sampled_from(range(len(corpus))),
                                                   min_size=1, max_size=5, unique=True))
@@ -307,8 +311,14 @@ def test_random_changes_equal_a_fresh_build(graph_name, enc, sample):
                     elif op == "reopen":
                         w.close()  # uncommitted changes are discarded
                         model = list(committed)
-                        w = IndexWriter(index_dir, device="cpu", encoder=enc).open()
+                        w = IndexWriter(index_dir, device="cpu", encoder=enc,
+                                        compact_after=None).open()
                         assert not w.pending
+                    elif op == "compact" and not w.pending:
+                        w.compact()  # a new base of the same content, basis solved
+                        version += 1
+                        assert w.index.basis is not None
+                        assert manifest_version(index_dir) == version
                     if w.pending and data.draw(st.booleans(), label="commit"):
                         w.commit()
                         report = w.last_change
@@ -347,30 +357,55 @@ def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
     assert_same_rankings(got, want, enc, sample["questions"])
 
 
-def test_a_commit_solves_the_basis_of_the_new_graph(enc, sample, base_dir, tmp_path):
-    """After insert + commit the new version's basis is the basis of its own graph (a fresh
+def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_dir, tmp_path):
+    """A commit writes a segment and leaves the new version without a basis (it depends on the
+    whole graph); `compact` writes a new base whose basis is its own graph's (a fresh
     solve_basis on it, within both bounds) and a fresh build's of the same corpus (same graph
-    here, so within the bounds alone); it is solved in the commit's "basis" stage and stored
-    with the version."""
+    here, so within the bounds alone), stored with the base; loads and the writer agree."""
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.ppr.basis import solve_basis
 
     index_dir = copy_index(base_dir, tmp_path / "index")
     old = load_index(index_dir, device="cpu")
-    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+    with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
         assert w.insert(sample["corpus"][20:], sample["openie_path"]) == 10
         new = w.commit()
-        assert "basis" in w.last_change.stage_seconds
-    assert new.basis is not None and new.basis.z.shape == (30, new.passage_emb.shape[1])
+        assert new.basis is None and not w.last_change.compacted
+        manifest = json.loads((index_dir / MANIFEST).read_text())
+        assert [s["name"] for s in manifest["segments"]] == [f"s{new.version:06d}"]
+        assert load_index(index_dir, device="cpu").basis is None
+        compacted = w.compact()
+        assert "basis" in w.last_compaction
+    assert compacted.version == new.version + 1
+    manifest = json.loads((index_dir / MANIFEST).read_text())
+    assert manifest["segments"] == [] and manifest["base_from"] == new.version
+    basis = compacted.basis
+    assert basis is not None and basis.z.shape == (30, new.passage_emb.shape[1])
     fresh = solve_basis(new.adjacency, new.passage_nodes, new.passage_emb,
                         damping=RetrievalConfig().damping)
-    assert_basis_close(new.basis, fresh)
+    assert_basis_close(basis, fresh)
     want = build(enc, sample, sample["corpus"])
     assert transition_gap(new.adjacency, want.adjacency) == 0.0  # equal graphs here, so:
-    assert_basis_close(new.basis, want.basis)
+    assert_basis_close(basis, want.basis)
     loaded = load_index(index_dir, device="cpu")
-    assert torch.equal(loaded.basis.z, new.basis.z) and torch.equal(loaded.basis.h, new.basis.h)
+    assert torch.equal(loaded.basis.z, basis.z) and torch.equal(loaded.basis.h, basis.h)
     assert old.basis.z.shape[0] == 20  # the old version kept its own
+
+
+def test_the_default_policy_compacts_a_chain_that_outweighs_its_base(enc, sample, base_dir,
+                                                                      tmp_path):
+    """With the default policy a commit whose segment exceeds a quarter of the base's bytes
+    (any insert into the 20-passage sample) compacts at once: one base, no segments, a basis,
+    and the compaction's stages in the commit's report."""
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+        w.insert(sample["corpus"][20:], sample["openie_path"])
+        new = w.commit()
+        report = w.last_change
+    manifest = json.loads((index_dir / MANIFEST).read_text())
+    assert report.compacted and manifest["segments"] == [] and report.version == new.version
+    assert new.basis is not None and "compact_basis" in report.stage_seconds
+    assert leftovers(index_dir) == []
 
 
 def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, monkeypatch):
@@ -386,7 +421,7 @@ def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, m
     real_load = writer_module.load_index
     monkeypatch.setattr(writer_module, "load_index",
                         lambda path, **kw: reads.append(path) or real_load(path, **kw))
-    w = IndexWriter(index_dir, device="cpu", encoder=enc)
+    w = IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None)
     with w:
         w.insert(corpus[20:23], sample["openie_path"])
         w.delete([corpus[3].key])
@@ -420,12 +455,14 @@ def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, m
     order = [p for p in corpus[:23] if p != corpus[3]] + new
     assert_same_index(load_index(index_dir, device="cpu"), build(enc, sample, order))
 
-    with IndexWriter(index_dir, device="cpu", encoder=enc) as other:  # another writer commits
+    with IndexWriter(index_dir, device="cpu", encoder=enc,
+                     compact_after=None) as other:  # another writer commits a segment
         other.delete([corpus[4].key])
     before = len(reads)
     with w:
         assert w.index.version == 4 and corpus[4].key not in w.index.passage_keys
-    assert len(reads) == before + 1  # read again: the manifest names another version
+    assert len(reads) == before  # not read again: the other writer's segment was replayed
+    assert_same_index(w.index, load_index(index_dir, device="cpu"))
 
 
 # -- errors change nothing ---------------------------------------------------------------------
@@ -567,7 +604,8 @@ def test_killed_writer_leaves_old_or_new_and_the_next_writer_completes(
         assert content_stats(got) == content_stats(expect), step
         assert got.version == (2 if i >= committed else 1), step
         left = leftovers(index_dir)
-        assert left, f"{step}: a killed writer leaves something behind"
+        # a segment commit replaces no version, so past the manifest switch nothing is left
+        assert bool(left) == (i < committed), f"{step}: {left}"
         if i % 2 == 0:  # half are cleaned by `hippo-gpu compact`, half by the next writer
             out = runner.invoke(app, ["compact", str(index_dir)])
             assert out.exit_code == 0, out.output
@@ -579,6 +617,41 @@ def test_killed_writer_leaves_old_or_new_and_the_next_writer_completes(
         assert_same_index(after, new)
         assert leftovers(index_dir) == [], step
         assert not (index_dir / WRITER_LOCK).read_text().strip()  # released
+
+
+def test_killed_compaction_leaves_the_same_content_and_the_next_writer_completes(
+        enc, sample, base_dir, cache_dir, tmp_path):
+    """A compaction killed at every step of its base write leaves the chain (before the
+    manifest switch) or the new base (after): the same passages and content either way, every
+    checksum valid; the next writer clears the leftovers and a `hippo-gpu compact` finishes."""
+    added = sample["corpus"][20:23]
+    new = build(enc, sample, sample["corpus"][:23])
+    dirs = {step: copy_index(base_dir, tmp_path / step) for step in COMMIT_STEPS}
+    spec = tmp_path / "jobs.json"
+    spec.write_text(json.dumps({
+        "jobs": [{"index_dir": str(d), "step": s} for s, d in dirs.items()], "compact": True,
+        "corpus": [{"title": p.title, "text": p.text} for p in added],
+        "openie": docs_for(sample, added), "cache_dir": str(cache_dir)}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    res = subprocess.run([sys.executable, str(CHILD), "kill", str(spec)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {s: 137 for s in COMMIT_STEPS}
+    switched = COMMIT_STEPS.index("collect_garbage")
+    for i, step in enumerate(COMMIT_STEPS):
+        index_dir = dirs[step]
+        manifest = json.loads((index_dir / MANIFEST).read_text())
+        assert (manifest["segments"] == []) == (i >= switched), step
+        got = load_index(index_dir, device="cpu")  # verifies every checksum
+        assert_same_index(got, new)
+        assert (got.basis is not None) == (i >= switched), step
+        out = runner.invoke(app, ["compact", str(index_dir)])
+        assert out.exit_code == 0, out.output
+        assert leftovers(index_dir) == [], step
+        done = load_index(index_dir, device="cpu")
+        assert done.basis is not None and json.loads(
+            (index_dir / MANIFEST).read_text())["segments"] == []
+        assert_same_index(done, new)
 
 
 # -- readers during writes -----------------------------------------------------------------------
@@ -628,13 +701,15 @@ def test_readers_during_commits_see_one_consistent_version(enc, sample, base_dir
                 w.commit()
                 report = w.last_change
                 versions[report.version] = list(w.index.passage_keys)
+                if report.compacted:  # the segment version readers may have seen first
+                    versions[report.version - 1] = versions[report.version]
                 time.sleep(0.1)
     finally:
         done.set()
         for t in threads:
             t.join(120)
     assert errors == []
-    assert len(versions) == len(changes) + 1
+    assert len({tuple(k) for k in versions.values()}) == len(changes) + 1
     counts = {len(k) for k in versions.values()}
     for version, keys, returned in seen:
         assert version in versions and keys == versions[version]
@@ -646,9 +721,9 @@ def test_readers_during_commits_see_one_consistent_version(enc, sample, base_dir
 def test_reader_racing_garbage_collection_reads_again(enc, sample, base_dir, tmp_path,
                                                       monkeypatch):
     """The one interleaving the lock protocol must survive: a reader has read the manifest and
-    opened the version's `.readers` file, then a commit and its garbage collection remove that
-    version before the reader's flock. The reader must read the new version, not fail on
-    missing files."""
+    opened the base's `.readers` file, then a commit, a compaction and its garbage collection
+    remove that base before the reader's flock. The reader must read the new version, not
+    fail on missing files."""
     import fcntl
 
     import hippo_gpu.store as store
@@ -665,14 +740,16 @@ def test_reader_racing_garbage_collection_reads_again(enc, sample, base_dir, tmp
         def flock(fd, op):
             if op == fcntl.LOCK_SH and not raced:
                 raced.append(True)
-                with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+                with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
                     w.insert(sample["corpus"][20:21], sample["openie_path"])
+                    w.commit()
+                    w.compact()
                 assert not (index_dir / "v000001").exists()  # collected under the reader
             return real_flock(fd, op)
 
     monkeypatch.setattr(store, "fcntl", RacingFcntl())
     got = load_index(index_dir, device="cpu")
-    assert raced and got.version == 2
+    assert raced and got.version == 3
     assert got.passage_keys == [p.key for p in sample["corpus"][:21]]
 
 
@@ -745,7 +822,8 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
     with IndexWriter(tmp_path / "index", device="cpu", encoder=encoder) as w:
         assert w.insert(corpus[cut:], openie) == len(corpus) - cut
         w.commit()
-        grown = w.index
+        assert content_stats(w.index) == content_stats(full)
+        grown = w.compact()  # the basis of the grown graph
         assert content_stats(grown) == content_stats(full)
         assert_same_basis(grown, full)
         assert grown.passage_keys == full.passage_keys
@@ -754,6 +832,10 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
         same = sum(a[:10] == b[:10] for a, b in zip(grown_res.ranked_keys, full_res.ranked_keys))
         assert same >= 98, f"identical top-10 for {same}/100 questions"
         w.delete(grown.passage_keys[cut:])
+        w.commit()
+        assert content_stats(load_index(tmp_path / "index", device="cpu")) == \
+            content_stats(head)  # the segment replayed
+        w.compact()
     shrunk = load_index(tmp_path / "index", device="cpu")
     assert content_stats(shrunk) == content_stats(head)
     assert_same_basis(shrunk, head)

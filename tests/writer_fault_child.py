@@ -43,10 +43,15 @@ def _kill_jobs(spec_path: str) -> None:
                     if name == target:
                         os._exit(137)
 
+                compact = bool(spec.get("compact"))  # kill the compaction, not the commit
                 w = IndexWriter(job["index_dir"], device="cpu", cache_dir=spec["cache_dir"],
-                                on_step=die_at).open()
+                                on_step=None if compact else die_at,
+                                compact_after=None if compact else 16).open()
                 w.insert(spec["corpus"], spec["openie"])
                 w.commit()
+                if compact:
+                    w.on_step = die_at
+                    w.compact()
                 os._exit(0)  # the step was never reached
             except BaseException:  # noqa: BLE001 - report and exit without cleanup
                 traceback.print_exc()

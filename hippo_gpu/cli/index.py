@@ -89,7 +89,7 @@ def index(
 def stats(path: Path = typer.Argument(..., help="index directory"),
           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Print an index's counts (upstream graph_info definitions)."""
-    from hippo_gpu.index import load_index
+    from hippo_gpu.versions import load_index
 
     s = load_index(path, device="cpu").stats()
     if as_json:
@@ -186,14 +186,27 @@ def delete(
     console.print(timing_table(report.stage_seconds, f"stages ({n} threads)"))
 
 
-def compact(path: Path = typer.Argument(..., help="index directory")) -> None:
-    """Remove old versions no reader holds and a killed writer's leftovers."""
-    from hippo_gpu.store import collect_garbage, is_index_dir, writer_lock
+def compact(path: Path = typer.Argument(..., help="index directory"),
+            device: str = typer.Option("auto", help="where the basis solve runs")) -> None:
+    """Fold the commits' segments into a new base (with the PPR basis solved) and remove old
+    versions no reader holds and a killed writer's leftovers."""
+    from hippo_gpu.store import is_index_dir, read_manifest
+    from hippo_gpu.writer import IndexWriter
 
     if not is_index_dir(path):
         fail(f"{path} is not a hippo-gpu index")
-    with writer_lock(path):
-        removed = collect_garbage(path)
+    try:
+        with IndexWriter(path, device=device, compact_after=None) as w:
+            removed = w.garbage
+            manifest = read_manifest(path)
+            stale = w.index.config.ppr_basis and w.index.basis is None
+            if manifest.get("segments") or stale:
+                w.compact()
+                console.print(f"compacted {len(manifest.get('segments', []))} segment(s) into "
+                              f"base version {w.index.version}")
+                console.print(timing_table(w.last_compaction, "compaction stages"))
+    except OSError as e:
+        fail(str(e))
     console.print(f"removed {len(removed)}: {', '.join(removed) or 'nothing'}")
 
 

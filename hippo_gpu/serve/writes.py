@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,21 +32,36 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
+from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
-from hippo_gpu.store import WriterLockedError
-from hippo_gpu.writer import IndexWriter
+from hippo_gpu.store import WriterLockedError, read_manifest
+from hippo_gpu.versions import needs_compaction
+from hippo_gpu.writer import COMPACT_AFTER, IndexWriter
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DeleteRequest", "InsertRequest", "SearcherHolder", "write_router"]
+
+
+COMPACT_QUIET_SECONDS = 5.0  # a holder compacts once no write came for this long
 
 
 class SearcherHolder:
     """The searcher queries use now; replaced atomically after each committed write. Its one
     IndexWriter (made on the first write) keeps the last committed version in host memory
-    (float32) between writes, so the next write reads nothing from disk."""
+    (float32) between writes, so the next write reads nothing from disk.
+
+    A commit writes a segment and serves a version without the passage basis (hippo_gpu.
+    versions); once no write came for `compact_quiet` seconds, a background thread compacts
+    (a new base with its basis: hipporag2 by linearity again) and switches queries to it.
+    Queries never wait for it; a write that arrives meanwhile waits for it to finish.
+    None: never compact here (`hippo-gpu compact` or a writer's policy does).
+    """
 
     def __init__(self, searcher: Searcher, index_dir: str | Path | None = None,
                  device: str = "auto", llm: str | None = None,
-                 llm_cache: str | Path | None = None) -> None:
+                 llm_cache: str | Path | None = None,
+                 compact_quiet: float | None = COMPACT_QUIET_SECONDS) -> None:
         self._searcher = searcher
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.device = device
@@ -52,6 +69,11 @@ class SearcherHolder:
         self.llm_cache = llm_cache
         self._write_lock = threading.Lock()
         self._writer: IndexWriter | None = None  # the one writer of index_dir, made on first use
+        self.compact_quiet = compact_quiet
+        self._compactor: threading.Thread | None = None
+        self._last_write = 0.0
+        self.compactions = 0  # background compactions done
+        self.compact_error: str | None = None  # the last background compaction's failure
 
     @property
     def current(self) -> Searcher:
@@ -65,7 +87,8 @@ class SearcherHolder:
         with self._write_lock:
             old = self._searcher
             if self._writer is None:
-                self._writer = IndexWriter(self.index_dir, device=self.device)
+                self._writer = IndexWriter(self.index_dir, device=self.device,
+                                           compact_after=None)
             with self._writer as w:  # the lock for this write only: other processes may write
                 changed = apply(w)
                 if not w.pending:
@@ -73,12 +96,50 @@ class SearcherHolder:
                             "version": old.index.version}
                 committed = w.commit()
                 report = w.last_change
-            index = committed.to(old.device, old.index.precision)
-            self._searcher = Searcher(index, old.config,
-                                      query_precision=old.encoder_config.precision,
-                                      query_batch_size=old.encoder_config.query_batch_size,
-                                      encoder=old.encoder)
+            self._switch(committed)
+            self._last_write = time.monotonic()
+            self._schedule_compaction()
         return {"changed": True, **report.as_dict()}
+
+    def _switch(self, index: Index) -> None:
+        old = self._searcher
+        self._searcher = Searcher(index.to(old.device, old.index.precision), old.config,
+                                  query_precision=old.encoder_config.precision,
+                                  query_batch_size=old.encoder_config.query_batch_size,
+                                  encoder=old.encoder)
+
+    def _schedule_compaction(self) -> None:
+        if self.compact_quiet is None or (self._compactor and self._compactor.is_alive()):
+            return
+        self._compactor = threading.Thread(target=self._compact_when_quiet, daemon=True,
+                                           name="hippo-gpu-compact")
+        self._compactor.start()
+
+    def _compact_when_quiet(self) -> None:
+        assert self.compact_quiet is not None
+        while (wait := self._last_write + self.compact_quiet - time.monotonic()) > 0:
+            time.sleep(wait)
+        try:
+            with self._write_lock:
+                w = self._writer
+                if w is None or self.index_dir is None:
+                    return
+                with w:
+                    stale = w.index.config.ppr_basis and w.index.basis is None
+                    if not stale and not needs_compaction(read_manifest(self.index_dir),
+                                                          COMPACT_AFTER):
+                        return
+                    compacted = w.compact()
+                self._switch(compacted)
+                self.compactions += 1
+        except Exception as e:  # noqa: BLE001 - a failed compaction loses nothing: logged
+            self.compact_error = f"{type(e).__name__}: {e}"
+            log.exception("background compaction of %s failed", self.index_dir)
+
+    def wait_for_compaction(self, timeout: float | None = None) -> None:
+        """Block until a scheduled background compaction has finished (tests, shutdown)."""
+        if self._compactor is not None:
+            self._compactor.join(timeout)
 
 
 class PassageIn(BaseModel):

@@ -53,7 +53,7 @@ def setup(tmp_path: Path, sample_searcher):
                 encoder=sample_searcher.encoder)
     searcher = Searcher(load_index(tmp_path / "idx", device="cpu"),
                         encoder=sample_searcher.encoder)
-    holder = SearcherHolder(searcher, tmp_path / "idx", device="cpu")
+    holder = SearcherHolder(searcher, tmp_path / "idx", device="cpu", compact_quiet=None)
     by_passage = {d["passage"]: d for d in openie["docs"]}
     new = [{"title": p["title"], "text": p["text"],
             "triples": by_passage[f"{p['title']}\n{p['text']}"]["extracted_triples"]}
@@ -167,12 +167,12 @@ def test_a_write_reads_the_index_at_most_once(setup, sample_searcher, monkeypatc
     """Each write request reads the index from disk at most once (the holder's one writer reads
     it on its first write, later writes build on the Index it committed), and the answers
     served after the writes equal a fresh build's."""
-    import hippo_gpu.index as index_module
+    import hippo_gpu.versions as versions_module
 
     holder, new, full, index_dir = setup
     reads: list[Path] = []
-    real_read = index_module.read_index_dir
-    monkeypatch.setattr(index_module, "read_index_dir",
+    real_read = versions_module.read_index_dir
+    monkeypatch.setattr(versions_module, "read_index_dir",
                         lambda path, **kw: reads.append(Path(path)) or real_read(path, **kw))
     queries = ["Who designed the lighthouse on Skerrow?", "Where is the observatory?"]
     per_request = []
@@ -204,3 +204,30 @@ def test_a_write_reads_the_index_at_most_once(setup, sample_searcher, monkeypatc
             assert abs(got_scores[h.key] - h.score) <= 1e-5, h.key
     # the last write re-added the deleted passage (without triples): what a reload serves
     assert load_index(index_dir, device="cpu").stats() == holder.current.index.stats()
+
+
+def test_a_quiet_server_compacts_in_the_background(setup) -> None:
+    """After a write the served version has no basis (hipporag2 iterates); once writes pause,
+    the holder compacts in the background: a new base on disk, its basis served, the same
+    answers, and queries answered throughout."""
+    holder, new, full, index_dir = setup
+    holder.compact_quiet = 0.2
+    queries = ["Who designed the lighthouse on Skerrow?"]
+    with serving(create_app(holder, ServerConfig(token=TOKEN))) as url, \
+            httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+        assert r.status_code == 200, r.text
+        before = c.post("/v1/retrieve", headers=AUTH,
+                        json={"queries": queries, "top_k": 10, "mode": "hipporag2"}).json()
+        holder.wait_for_compaction(60)
+        assert holder.compactions == 1 and holder.compact_error is None
+        served = holder.current.index
+        assert served.basis is not None and served.version == r.json()["version"] + 1
+        manifest = json.loads((index_dir / "manifest.json").read_text())
+        assert manifest["segments"] == [] and manifest["base"] == f"v{served.version:06d}"
+        after = c.post("/v1/retrieve", headers=AUTH,
+                       json={"queries": queries, "top_k": 10, "mode": "hipporag2"}).json()
+    got = [(h["key"], h["score"]) for h in after["results"][0]]
+    want = [(h["key"], h["score"]) for h in before["results"][0]]
+    assert [k for k, _ in got] == [k for k, _ in want]
+    assert all(abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want))
