@@ -218,3 +218,56 @@ def test_served_index_sends_one_embeddings_request_per_micro_batch(
     assert metrics['hippo_remote_encode_retries_total'] == 0
     assert metrics['hippo_remote_encode_failures_total'] == 0
     assert metrics['hippo_remote_encode_seconds_total'] > 0
+
+
+def test_insert_and_instructed_queries_through_the_server(
+        minilm_server, sample_index_dir: Path, tmp_path: Path) -> None:
+    """`hippo-gpu insert` on an index built through the server reaches the URL the index
+    recorded (and sends only the new texts); a query instruction is put in front of the query
+    the server embeds, exactly as for a local model."""
+    from typer.testing import CliRunner
+
+    from hippo_gpu.cli import app
+
+    state, url = minilm_server
+    files = paths()
+    corpus = json.loads(Path(files["corpus"]).read_text())
+    (tmp_path / "rest.json").write_text(json.dumps(corpus[20:]))
+    cache = tmp_path / "cache"
+    build_index(corpus[:20], files["openie"], tmp_path / "idx", device="cpu",
+                encoder=f"openai:all-MiniLM-L6-v2@{url}", cache_dir=cache)
+    before = len(state.requests)
+    run = CliRunner().invoke(app, ["insert", str(tmp_path / "idx"), "--corpus",
+                                   str(tmp_path / "rest.json"), "--openie", str(files["openie"]),
+                                   "--device", "cpu", "--cache-dir", str(cache)])
+    assert run.exit_code == 0, run.output
+    grown, full = load_index(tmp_path / "idx", device="cpu"), load_index(sample_index_dir)
+    assert comparable(grown.stats()) == comparable(full.stats())
+    sent = set(t for r in state.requests[before:] for t in r["inputs"])
+    contents = [f"{c['title']}\n{c['text']}" for c in corpus]
+    assert set(contents[20:]) <= sent  # the new passages went to the recorded URL
+    assert not set(contents[:20]) & sent  # the old ones were not sent again
+
+    instructed = EncoderConfig(model=f"openai:all-MiniLM-L6-v2@{url}",
+                               query_instructions={"query_to_passage": "find the passage",
+                                                   "query_to_fact": ""})
+    from hippo_gpu.embed import Encoder
+
+    got = Encoder(instructed, torch.device("cpu")).encode_queries(["tidal clock"],
+                                                                  "query_to_passage")
+    assert state.requests[-1]["inputs"] == ["Instruct: find the passage\nQuery: tidal clock"]
+    local = Encoder(EncoderConfig(query_instructions=instructed.query_instructions),
+                    torch.device("cpu")).encode_queries(["tidal clock"], "query_to_passage")
+    torch.testing.assert_close(got, local, rtol=0, atol=1e-6)
+
+    # a spec (serve, retrieve, eval) names the model and may move the URL; another model fails
+    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.store import IndexFormatError
+
+    dead = "http://127.0.0.1:9/v1"  # the discard port: nothing answers there
+    moved = SearcherSpec(tmp_path / "idx", device="cpu",
+                         encoder_model=f"openai:all-MiniLM-L6-v2@{dead}").open()
+    assert moved.encoder_config.base_url == dead
+    assert SearcherSpec(tmp_path / "idx", device="cpu").open().encoder_config.base_url == url
+    with pytest.raises(IndexFormatError, match="built with encoder 'openai:all-MiniLM-L6-v2'"):
+        SearcherSpec(tmp_path / "idx", device="cpu", encoder_model="openai:other@" + url).open()
