@@ -14,7 +14,8 @@ Per provider: the embedding stages of build_index (embed_passages + embed_phrase
 wall seconds, median with p20-p80 over `--rounds` builds after one untimed build that loads the
 model), texts per second, and the whole build. The local encoder's model load is a one-off,
 reported apart. Quality beside speed: the server-built index against the local one (same counts,
-same synonym edges, max |difference| of the embeddings). Both providers share the CPU: the server
+same synonym edges, max |difference| of the embeddings). Both processes run with
+OMP_WAIT_POLICY=PASSIVE (unless set). Both providers share the CPU: the server
 process does the model's work while this one waits on HTTP, so the ratio is the cost of the HTTP
 path (JSON floats, requests) on one machine, not of a remote GPU server.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -68,6 +70,10 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # thread env for OpenMP/BLAS must be set before numpy/torch load
+    # Idle OpenMP threads sleep instead of spinning, in both processes: the server runs the
+    # model on a worker thread beside its event loop's, and spinning threads of a second team
+    # halved its speed on 2 cores (measured), a cost of the test server, not of the HTTP path.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     init_threads(ARGS.threads)
 
 
@@ -178,7 +184,8 @@ def main() -> None:
               "corpus": args.corpus, "passages": len(corpus), "texts": texts, "rows": rows,
               "server_over_local": ratio, "same_counts": same_counts,
               "same_synonym_edges": same_synonyms, "max_abs_embedding_diff": max_diff,
-              "local_load_encoder_s": first["local"].get("load_encoder")}
+              "local_load_encoder_s": first["local"].get("load_encoder"),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     out = append_result_or_exit(args.results or RESULTS / "bench_remote_encoder.jsonl", record,
                                 allow_dirty=args.allow_dirty)
     print(f"appended to {out}")
