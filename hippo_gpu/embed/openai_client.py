@@ -15,10 +15,11 @@ daemon thread) with one httpx.AsyncClient kept open, so connections are reused f
 and a served query batch pays no connect. A call of a few short queries is one request.
 
 What each fault gives (RemoteEncoderConfig sets the numbers):
-    HTTP 429, or 503 with Retry-After  sleep what the server asks (seconds or an HTTP date), then
-                                       retry; a wait over `max_backoff` fails the call at once
-    HTTP 408, 5xx, a timeout, a        retry after backoff * 2**try * U(0.5, 1), at most
-    refused or dropped connection      `max_retries` times, then EmbeddingServerError
+    HTTP 408, 429, 500, 502, 503, 504, retry, at most `max_retries` times, then
+    a timeout, a refused or dropped    EmbeddingServerError; each wait is the response's
+    connection                         Retry-After (seconds or an HTTP date; one over
+                                       `max_backoff` fails the call at once), else
+                                       backoff * 2**try (capped at max_backoff) * U(0.5, 1)
     any other HTTP status              EmbeddingServerError at once, with the server's message and
                                        the length of the request's longest text (a too-long input
                                        is the usual 400/413: see truncate_chars)
