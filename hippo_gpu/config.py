@@ -49,7 +49,8 @@ class RemoteEncoderConfig:
     max_batch_tokens: estimated tokens per request at most (estimate_tokens: UTF-8 bytes / 4,
         rounded up, + 2); a text over the budget alone is sent alone.
     concurrency: requests in flight at once.
-    timeout: seconds per HTTP attempt.
+    timeout: seconds an HTTP attempt may wait to connect, to send, or for each part of the
+        answer (httpx's timeout; a slow but steady answer is not cut).
     max_retries: further tries after a retryable failure (HTTP 408, 429, 5xx, a timeout, a
         refused or dropped connection).
     backoff: first sleep between tries, seconds, doubled at each try up to `max_backoff`, times
