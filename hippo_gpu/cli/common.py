@@ -17,6 +17,12 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 LLM_HELP = "LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2"
+ENCODER_HELP = ("sentence-transformers name or path, openai:MODEL@http://host:port/v1 (an "
+                "OpenAI-compatible embeddings server: vLLM, TEI, Ollama, OpenAI; openai:MODEL "
+                "takes the URL from $OPENAI_BASE_URL, the key from $OPENAI_API_KEY), or hash:D "
+                "(weightless test encoder, e.g. hash:64)")
+QUERY_ENCODER_HELP = ("query encoder (default: the index's own); for an index built with "
+                      "openai:MODEL, openai:MODEL@URL queries that model at URL")
 
 
 def setup(threads: int | None, verbose: bool = False) -> int:

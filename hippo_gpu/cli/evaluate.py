@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import console, err_console, fail, setup
+from hippo_gpu.cli.common import ENCODER_HELP, console, err_console, fail, setup
 from hippo_gpu.config import ENTITY_MODES, MODES, EncoderConfig, RetrievalConfig, cache_root
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def eval_cmd(
     top_k: int = typer.Option(200, help="passages ranked per query"),
     threads: int | None = typer.Option(None, help="CPU threads"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    encoder: str = typer.Option(EncoderConfig.model, help="encoder name or path"),
+    encoder: str = typer.Option(EncoderConfig.model, help=ENCODER_HELP),
     index_dir: Path | None = typer.Option(None, help="index to reuse/build (default: cache)"),
     dtype: str = typer.Option("float32", help="PPR dtype: float32 | float64"),
     precision: str = typer.Option(

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import LLM_HELP, console, fail, setup, timing_table
-from hippo_gpu.config import EncoderConfig, GraphConfig, cache_root
+from hippo_gpu.cli.common import ENCODER_HELP, LLM_HELP, console, fail, setup, timing_table
+from hippo_gpu.config import EncoderConfig, GraphConfig, RemoteEncoderConfig, cache_root
 
 
 def _passages_and_openie(corpus: Path, openie: Path | None, llm: str | None,
@@ -41,8 +41,14 @@ def index(
     out: Path = typer.Option(..., help="index directory to write (atomically)"),
     openie: Path | None = typer.Option(None, help="OpenIE JSON (HippoRAG v1 or v2 format)"),
     llm: str | None = typer.Option(None, help="extract OpenIE first with this " + LLM_HELP),
-    encoder: str = typer.Option(EncoderConfig.model, help="sentence-transformers name or path, "
-                                "or hash:D (weightless test encoder, e.g. hash:64)"),
+    encoder: str = typer.Option(EncoderConfig.model, help=ENCODER_HELP),
+    encoder_concurrency: int = typer.Option(
+        RemoteEncoderConfig.concurrency, min=1,
+        help="openai: encoder: embeddings requests in flight at once"),
+    encoder_truncate_chars: int | None = typer.Option(
+        None, min=1, help="openai: encoder: cut every text to its first N characters before "
+                          "sending (default: send whole; a server that refuses a text as too "
+                          "long stops the build with an error naming it)"),
     embeddings: Path | None = typer.Option(
         None, help="directory of precomputed vectors: {passages,phrases,facts}.npy + .json "
                    "(texts in row order); texts it lacks are encoded with --encoder"),
@@ -69,12 +75,19 @@ def index(
     from hippo_gpu.build import build_index
 
     n = setup(threads, verbose)
+    try:
+        remote = RemoteEncoderConfig(concurrency=encoder_concurrency,
+                                     truncate_chars=encoder_truncate_chars) \
+            if encoder.startswith("openai:") else None
+        encoder_config = EncoderConfig(model=encoder, precision=encoder_precision, remote=remote)
+    except ValueError as e:
+        fail(str(e))
     passages, openie_path = _passages_and_openie(corpus, openie, llm,
                                                  out.parent / f"{out.name}.openie.json")
     try:
         idx = build_index(
             passages, openie_path, out,
-            encoder=EncoderConfig(model=encoder, precision=encoder_precision),
+            encoder=encoder_config,
             device=device, graph=GraphConfig(knn_backend=knn_backend),
             cache_dir=cache_dir or cache_root() / "embeddings",
             allow_missing_openie=allow_missing_openie, show_progress=True,

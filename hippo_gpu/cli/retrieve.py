@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from hippo_gpu.cli.common import console, fail, setup
+from hippo_gpu.cli.common import QUERY_ENCODER_HELP, console, fail, setup
 from hippo_gpu.config import MODES
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def retrieve(
     skip_bad: bool = typer.Option(False, help="record malformed rows in OUT.bad.jsonl instead "
                                               "of stopping at the first"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
     precision: str = typer.Option("float32", help="float32 | float16 | bfloat16"),
     threads: int | None = typer.Option(None, help="CPU threads (with --ray: per worker)"),
     ray: str | None = typer.Option(None, "--ray", metavar="ADDRESS|local",
@@ -50,7 +51,8 @@ def retrieve(
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {MODES}")
     try:
-        spec = SearcherSpec(index, device=device, precision=precision, threads=threads)
+        spec = SearcherSpec(index, device=device, precision=precision, threads=threads,
+                            encoder_model=encoder)
     except ValueError as e:
         fail(str(e))
     if ray is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from hippo_gpu.cli.common import QUERY_ENCODER_HELP
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.config import QueryLimits, ServerConfig
@@ -75,6 +76,7 @@ def serve(
         "auto", help="query encoder: auto (ONNX Runtime when installed and at parity) | torch | "
                      "onnx"
     ),
+    encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
     writable: bool = typer.Option(
         False, help="serve POST/DELETE /v1/passages (needs a token): writes commit new index "
                     "versions and queries switch to each one atomically"
@@ -138,7 +140,7 @@ def serve(
             specs[name] = SearcherSpec(path, device=device, precision=precision,
                                        query_precision=query_precision,
                                        query_backend=query_backend, threads=threads,
-                                       warm_up=warmup)
+                                       warm_up=warmup, encoder_model=encoder)
         except ValueError as e:
             raise typer.BadParameter(f"--index {path}: {e}") from e
     if ray is not None:

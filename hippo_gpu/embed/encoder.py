@@ -12,6 +12,14 @@ ONNX only if max |e_onnx - e_torch| < 1e-5, otherwise the encoder runs torch and
 character length and pads each batch of `batch_size` to its own longest; the ONNX path buckets
 by token count. A "hash:D" model is the weightless HashEncoder of sources.py.
 
+An "openai:MODEL" model is embedded by an OpenAI-compatible server (openai_client.py; backend
+"openai"), batched, retried and cached like the rest. Its cache identity is (endpoint model name,
+dimension, instruction, truncation), never the URL. The dimension is the caller's (`dim`, e.g.
+an index's), else the one a cache under `cache_dir` already recorded for this identity, else the
+first response's; so a re-run after a crash opens its cache before sending anything, and sends
+only texts that were never received: a failed call hands back the rows it did receive, which are
+cached before the error (with how many texts were done) is raised.
+
 Precision is what the model computes in, and an Encoder runs exactly the precision its config
 records: "float32"; "bfloat16" (autocast on the model's device); "float16" (the model cast to
 half), which only CUDA runs, so elsewhere the Encoder refuses it. `runnable_precision` is the
@@ -33,7 +41,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
-from hippo_gpu.config import DEFAULT_ENCODER, EncoderConfig
+from hippo_gpu.config import DEFAULT_ENCODER, OPENAI_PREFIX, EncoderConfig, RemoteEncoderConfig
 from hippo_gpu.embed.onnx_backend import (
     OnnxEncoder,
     OnnxExportError,
@@ -41,6 +49,7 @@ from hippo_gpu.embed.onnx_backend import (
     embedding_dim,
     load_onnx_encoder,
 )
+from hippo_gpu.embed.openai_client import EmbeddingServerError, OpenAIEmbeddings
 from hippo_gpu.embed.rows import l2_normalize
 from hippo_gpu.embed.sources import HashEncoder, hash_encoder_dim
 from hippo_gpu.progress import progress
@@ -89,6 +98,22 @@ class EmbeddingCache:
             for h, v in zip(t["md5"], t["emb"]):
                 self._rows[h.tobytes()] = v
 
+    @staticmethod
+    def recorded_dims(root: str | Path, identity: dict) -> set[int]:
+        """The dimensions of the caches under `root` whose identity is `identity` but for "dim"
+        (one directory per identity, so this reads a few small files)."""
+        want = {k: v for k, v in identity.items() if k != "dim"}
+        dims: set[int] = set()
+        for ident_file in Path(root).glob("*/encoder.json"):
+            try:
+                got = json.loads(ident_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(got, dict) and isinstance(got.get("dim"), int) and \
+                    {k: v for k, v in got.items() if k != "dim"} == want:
+                dims.add(got["dim"])
+        return dims
+
     def get(self, digest: bytes) -> np.ndarray | None:
         return self._rows.get(digest)
 
@@ -133,7 +158,8 @@ class Encoder:
     """Embeds texts with a sentence-transformers model; rows are L2-normalised float32.
 
     A model named "hash:D" is the HashEncoder instead (no weights, no cache, `backend` "hash"):
-    the fast deterministic encoder for synthetic corpora at scale.
+    the fast deterministic encoder for synthetic corpora at scale. A model "openai:MODEL" is
+    embedded by its server (`backend` "openai", `remote` the client; module docstring).
 
     Args:
         config: which model and how to run it (`config.backend`: torch, onnx or auto).
@@ -141,12 +167,16 @@ class Encoder:
             move them to the index device). The ONNX backend needs a CPU device.
         cache_dir: embedding cache root, or None for no cache.
         onnx_dir: where ONNX exports are cached (default: default_onnx_dir()).
+        dim: a server encoder's expected dimension (an index's): every response is checked
+            against it. Local models have their own (ValueError if given for one).
 
     Raises:
         ValueError: `config.precision` is one `device` does not run (float16 off CUDA).
 
     Attributes:
-        backend: what actually runs the model, "torch" or "onnx" (report it beside timings).
+        backend: what actually runs the model, "torch", "onnx", "hash" or "openai" (report it
+            beside timings).
+        remote: the server client (OpenAIEmbeddings) when backend == "openai", else None.
         onnx: the ONNX Runtime encoder when backend == "onnx", else None. Its thread count is
             torch.get_num_threads() at construction: set threads before building an Encoder.
         onnx_parity: max |e_onnx - e_torch| on PARITY_TEXTS measured at load (None: torch).
@@ -155,10 +185,11 @@ class Encoder:
 
     def __init__(self, config: EncoderConfig, device: torch.device,
                  cache_dir: str | Path | None = None,
-                 onnx_dir: str | Path | None = None) -> None:
+                 onnx_dir: str | Path | None = None, dim: int | None = None) -> None:
         self.config = config
         self.device = device
         self.hash: HashEncoder | None = None
+        self.remote: OpenAIEmbeddings | None = None
         self.onnx: OnnxEncoder | None = None
         self.onnx_parity: float | None = None
         self.onnx_export_seconds: float | None = None
@@ -167,13 +198,19 @@ class Encoder:
             raise ValueError(
                 f"encoder precision {config.precision!r} does not run on device {device}: the "
                 f"model would compute in {runs}; ask for precision={runs!r}")
+        self.model: Any = None
+        self.cache: EmbeddingCache | None = None
+        self._dim: int | None = None
+        if config.is_remote:
+            self._init_remote(cache_dir, dim)
+            return
+        if dim is not None:
+            raise ValueError(f"dim is for server encoders; {config.model!r} has its own")
         hash_dim = hash_encoder_dim(config.model)
         if hash_dim is not None:
             self.hash = HashEncoder(hash_dim)
-            self.model: Any = None
-            self.dim = hash_dim
-            self.cache = None  # recomputing is cheaper than an md5 and a lookup
-            self.backend = "hash"
+            self._dim = hash_dim
+            self.backend = "hash"  # no cache: recomputing is cheaper than an md5 and a lookup
             return
         from sentence_transformers import SentenceTransformer
 
@@ -183,7 +220,7 @@ class Encoder:
             self.model.max_seq_length = config.max_seq_length
         if device.type == "cuda" and config.precision == "float16":
             self.model.half()
-        self.dim = embedding_dim(self.model)
+        self._dim = embedding_dim(self.model)
         self.cache = EmbeddingCache(cache_dir, self.identity()) if cache_dir else None
         self.backend = "torch"
         if config.backend != "torch":
@@ -216,8 +253,40 @@ class Encoder:
             return
         self.backend = "onnx"
 
+    def _init_remote(self, cache_dir: str | Path | None, dim: int | None) -> None:
+        self.backend = "openai"
+        self._cache_root = Path(cache_dir) if cache_dir else None
+        self.remote = OpenAIEmbeddings(self.config.model[len(OPENAI_PREFIX):],
+                                       self.config.base_url,
+                                       self.config.remote or RemoteEncoderConfig(), dim=dim)
+        if dim is None and self._cache_root is not None:
+            dims = EmbeddingCache.recorded_dims(self._cache_root, self.identity())
+            if len(dims) == 1:
+                self.remote.dim = dims.pop()
+            elif len(dims) > 1:  # the server changed models: one short request tells which
+                self.remote.probe_dim()
+        self._open_remote_cache()
+
+    def _open_remote_cache(self) -> None:
+        """Open the server encoder's cache once its dimension (part of the key) is known."""
+        if self.cache is None and self.remote is not None and self.remote.dim is not None \
+                and self._cache_root is not None:
+            self.cache = EmbeddingCache(self._cache_root, self.identity())
+
+    @property
+    def dim(self) -> int:
+        """D, the vectors' dimension (a server encoder without one asks its server now)."""
+        if self.remote is not None:
+            return self.remote.probe_dim()
+        assert self._dim is not None
+        return self._dim
+
     def identity(self) -> dict:
-        return {**self.config.identity(), "dim": getattr(self, "dim", None)}
+        if self.remote is not None:
+            # the key of a server encoder's cache: model name, dimension, instruction (none:
+            # cached texts are passages, phrases, facts, entities), truncation
+            return {**self.config.identity(), "dim": self.remote.dim, "instruction": ""}
+        return {**self.config.identity(), "dim": getattr(self, "_dim", None)}
 
     def _autocast(self):
         if self.config.precision == "bfloat16":
@@ -235,6 +304,8 @@ class Encoder:
         """[n] texts -> [n, D] float32, rows L2-normalised, on the backend in use."""
         if self.hash is not None:
             return self.hash(texts)
+        if self.remote is not None:
+            return self.remote.embed(texts)
         if self.onnx is None:
             return self._encode_torch(texts, batch_size)
         return l2_normalize(self.onnx(texts, batch_size or self.config.batch_size))
@@ -245,24 +316,32 @@ class Encoder:
 
         Cached texts are not re-embedded; the rest are sorted by length (so batches carry little
         padding), encoded in shards of `shard_size` and each shard is cached as it completes.
+
+        Raises:
+            EmbeddingServerError: a server encoder's call failed; the rows it received are
+                cached first, and the message says how many texts were done.
         """
         n = len(texts)
         if self.hash is not None:  # no cache and no dedup: the hash is cheaper than both
-            out = np.zeros((n, self.dim), dtype=np.float32)
+            rows = np.zeros((n, self.dim), dtype=np.float32)
             with progress(total=n, desc=desc or "embedding", unit="text",
                           disable=desc is None) as bar:
                 for start in range(0, n, 1 << 18):
-                    out[start:start + (1 << 18)] = self.hash(texts[start:start + (1 << 18)])
+                    rows[start:start + (1 << 18)] = self.hash(texts[start:start + (1 << 18)])
                     bar.update(min(1 << 18, n - start))
-            return torch.from_numpy(out)
-        out = np.zeros((n, self.dim), dtype=np.float32)
+            return torch.from_numpy(rows)
+        self._open_remote_cache()
         digests = [text_digest(t) for t in texts]
+        dim = self._known_dim()  # None: a server encoder not answered yet, nothing cached
+        out: np.ndarray | None = \
+            np.zeros((n, dim), dtype=np.float32) if dim is not None else None  # [n, D]
         todo: list[int] = []
         first_of: dict[bytes, int] = {}
         dup_of: list[tuple[int, int]] = []
         for j, d in enumerate(digests):
             hit = self.cache.get(d) if self.cache is not None else None
             if hit is not None:
+                assert out is not None  # a cache is opened only once D is known
                 out[j] = hit
             elif d in first_of:
                 dup_of.append((j, first_of[d]))
@@ -270,18 +349,49 @@ class Encoder:
                 first_of[d] = j
                 todo.append(j)
         todo.sort(key=lambda j: len(texts[j]))
+        done = 0
         with progress(total=len(todo), desc=desc or "embedding", unit="text",
                       disable=desc is None) as bar:
             for start in range(0, len(todo), shard_size):
                 part = todo[start:start + shard_size]
-                emb = self._encode_raw([texts[j] for j in part])
+                try:
+                    emb = self._encode_raw([texts[j] for j in part])
+                except EmbeddingServerError as e:
+                    raise self._keep_received(e, part, digests, done, len(todo), n) from e
+                if out is None:
+                    out = np.zeros((n, emb.shape[1]), dtype=np.float32)
                 out[part] = emb
+                self._open_remote_cache()
                 if self.cache is not None:
                     self.cache.put([digests[j] for j in part], emb)
+                done += len(part)
                 bar.update(len(part))
+        if out is None:  # no text at all
+            out = np.zeros((n, self.dim), dtype=np.float32)
         for j, src in dup_of:
             out[j] = out[src]
         return torch.from_numpy(out)
+
+    def _known_dim(self) -> int | None:
+        return self.remote.dim if self.remote is not None else self._dim
+
+    def _keep_received(self, error: EmbeddingServerError, part: list[int],
+                       digests: list[bytes], done: int, todo: int,
+                       n: int) -> EmbeddingServerError:
+        """Cache the rows a failed server call did receive; the error, with the progress."""
+        got = error.received_rows
+        self._open_remote_cache()
+        if self.cache is not None and len(got):
+            self.cache.put([digests[part[i]] for i in got], error.received)
+        received = done + len(got)
+        if self.cache is None:
+            note = f"{received} of the {todo} texts to send were received (no cache_dir: " \
+                "running again sends them all)"
+        else:
+            note = f"{received} of the {todo} texts to send were received and cached " \
+                f"({n - todo} more came from the cache or repeat others); running again " \
+                f"sends only the other {todo - received}"
+        return error.with_message(f"{error} -- {note}")
 
     def encode_queries(self, queries: Sequence[str], purpose: str) -> torch.Tensor:
         """Embed queries with the instruction configured for `purpose` (never cached).

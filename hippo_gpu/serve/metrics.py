@@ -26,6 +26,14 @@ Names (all prefixed `hippo_`; counters end in `_total` on the wire):
                                                           for an index that was never saved)
     hippo_index_passages{index}                           passages in the served version
     hippo_index_memory_bytes{index}                       bytes of its tensors on its device
+    hippo_remote_encode_{calls,requests,texts,retries,failures}_total{index}
+                                                          an index with a server encoder
+                                                          ("openai:" model; absent for others
+                                                          and until it loads): encoder calls (one
+                                                          per batch of queries), HTTP requests
+                                                          (tries included), texts, retries,
+                                                          calls failed after their retries
+    hippo_remote_encode_seconds_total{index}              wall seconds of those calls
 
 Route labels are the app's route paths (a fixed set); any other path is "other", so a scanner
 cannot grow the label set.
@@ -38,11 +46,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CONTENT_TYPE", "IndexGauges", "Metrics", "MetricsMiddleware"]
+__all__ = ["CONTENT_TYPE", "EncoderCounters", "IndexGauges", "Metrics", "MetricsMiddleware"]
 
 # The text exposition format, as prometheus_client writes it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -97,6 +105,49 @@ class _IndexCollector(Collector):
         return [GaugeMetricFamily(n, h, labels=["index"]) for _, n, h in _INDEX_GAUGES]
 
 
+@dataclass(frozen=True)
+class EncoderCounters:
+    """One served index's server-encoder counts, cumulative since its encoder loaded."""
+
+    calls: int
+    requests: int
+    texts: int
+    retries: int
+    failures: int
+    seconds: float
+
+
+# (field of EncoderCounters, metric name without _total, help)
+_ENCODER_COUNTERS = (
+    ("calls", "hippo_remote_encode_calls", "Encoder calls to the embeddings server"),
+    ("requests", "hippo_remote_encode_requests",
+     "HTTP requests to the embeddings server, retries included"),
+    ("texts", "hippo_remote_encode_texts", "Texts embedded by the embeddings server"),
+    ("retries", "hippo_remote_encode_retries", "Retried requests to the embeddings server"),
+    ("failures", "hippo_remote_encode_failures",
+     "Encoder calls to the embeddings server that failed after their retries"),
+    ("seconds", "hippo_remote_encode_seconds", "Wall seconds of encoder calls to the server"),
+)
+
+
+class _EncoderCollector(Collector):
+    """Server-encoder counters read on each scrape from the encoders' own running counts."""
+
+    def __init__(self, read: Callable[[], Iterable[tuple[str, EncoderCounters]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        families = [(f, CounterMetricFamily(n, h, labels=["index"]))
+                    for f, n, h in _ENCODER_COUNTERS]
+        for name, counters in self._read():
+            for field, family in families:
+                family.add_metric([name], float(getattr(counters, field)))
+        yield from (family for _, family in families)
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(n, h, labels=["index"]) for _, n, h in _ENCODER_COUNTERS]
+
+
 class Metrics:
     """The server's metrics in a registry of their own; `exposition()` is the /metrics body."""
 
@@ -132,6 +183,12 @@ class Metrics:
     def watch_indexes(self, read: Callable[[], Iterable[tuple[str, IndexGauges]]]) -> None:
         """Register the per-index gauges; `read()` yields (index name, gauges) at each scrape."""
         self.registry.register(_IndexCollector(read))
+
+    def watch_remote_encoders(
+            self, read: Callable[[], Iterable[tuple[str, EncoderCounters]]]) -> None:
+        """Register the server-encoder counters; `read()` yields (index name, counters) for the
+        indexes whose server encoder is loaded."""
+        self.registry.register(_EncoderCollector(read))
 
     def observe_batch(self, index: str) -> Callable[[int, float], None]:
         """A batcher `on_batch` callback feeding the batch histograms of `index`."""

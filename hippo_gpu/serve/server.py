@@ -69,7 +69,13 @@ from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.config import ServerConfig
 from hippo_gpu.serve.guards import BearerGuard, BodyLimit, bearer_auth
-from hippo_gpu.serve.metrics import CONTENT_TYPE, IndexGauges, Metrics, MetricsMiddleware
+from hippo_gpu.serve.metrics import (
+    CONTENT_TYPE,
+    EncoderCounters,
+    IndexGauges,
+    Metrics,
+    MetricsMiddleware,
+)
 from hippo_gpu.serve.schema import (
     API_DESCRIPTION,
     IndexesResponse,
@@ -129,6 +135,9 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=lambda: route_paths)
     app.state.metrics = metrics
     metrics.watch_indexes(lambda: [(name, _gauges(s)) for name, s in service.indexes.items()])
+    metrics.watch_remote_encoders(lambda: [
+        (name, c) for name, s in service.indexes.items()
+        if (c := _encoder_counters(s)) is not None])
     auth = _auth(config.token)
     _add_error_handlers(app)
     _add_probes(app, service)
@@ -348,6 +357,18 @@ def _gauges(served: ServedIndex) -> IndexGauges:
     return IndexGauges(queue_depth=stats.queue_depth, in_flight=stats.in_flight,
                        version=info["version"], passages=info["passages"],
                        memory_bytes=info["memory_bytes"])
+
+
+def _encoder_counters(served: ServedIndex) -> EncoderCounters | None:
+    """The counts of the index's server encoder, None for a local one or one not loaded."""
+    # getattr: a stand-in searcher (a test's wrapper) may have no encoder to report
+    encoder = getattr(served.holder.current, "loaded_encoder", None)
+    if encoder is None or encoder.remote is None:
+        return None
+    snap = encoder.remote.stats.snapshot()
+    return EncoderCounters(calls=int(snap["calls"]), requests=int(snap["requests"]),
+                           texts=int(snap["texts"]), retries=int(snap["retries"]),
+                           failures=int(snap["failures"]), seconds=snap["seconds"])
 
 
 def _public_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
