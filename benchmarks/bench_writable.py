@@ -1,0 +1,164 @@
+"""A writable server under a stream of inserts: queries answered throughout, no reload.
+
+Builds a synthetic index (hash:64, `--passages`), starts `hippo-gpu serve --writable` on it (a
+subprocess, token set), and while one client sends hipporag2 queries back to back (one query per
+request), posts `--inserts` single-passage inserts (with their triples) one after another. Prints
+and appends to benchmarks/results/bench_writable.jsonl: insert latency p50/p99, query latency
+p50/p99 before, during and after the stream (after: once the server compacted in the background),
+errors (any non-200), the server's RSS (VmRSS) before, at its peak during the stream and after,
+and whether the served version moved by segments (the server never reloads the index: its writer
+builds each version from the last).
+
+    python -m benchmarks.bench_writable --threads 1 [--passages 10000] [--inserts 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.common import (
+    RESULTS,
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    provenance,
+    quantile,
+    subprocess_env,
+)
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--threads", type=int, required=True, help="torch threads (both processes)")
+    ap.add_argument("--passages", type=int, default=10_000)
+    ap.add_argument("--inserts", type=int, default=200)
+    ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--results", default=None)
+    add_arguments(ap)
+    return ap.parse_args()
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _ms(xs: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(quantile(xs, 0.5) * 1e3, 1) if xs else None,
+            "p99_ms": round(quantile(xs, 0.99) * 1e3, 1) if xs else None, "n": len(xs)}
+
+
+def main(args: argparse.Namespace) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    import httpx
+
+    from benchmarks.bench_server import free_port
+    from hippo_gpu import build_index
+    from hippo_gpu.synthetic import synthetic_corpus
+
+    git = check_clean_or_exit(args.allow_dirty)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_writable_"))
+    corpus = synthetic_corpus(args.passages + args.inserts, seed=0)
+    passages, docs = corpus.passages(), corpus.docs()
+    files = corpus.write(work / "data")
+    index_dir = work / "index"
+    build_index(passages[:args.passages], files["openie"], index_dir, encoder="hash:64",
+                device="cpu")
+    port, token = free_port(), "bench-writable-token"
+    env = {**subprocess_env(args.threads), "HIPPO_GPU_TOKEN": token}
+    log = (work / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", "serve", "--index",
+                             str(index_dir), "--writable", "--host", "127.0.0.1", "--port",
+                             str(port), "--device", "cpu", "--threads", str(args.threads),
+                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    queries = [f"{p.title} {p.text[:60]}" for p in passages[:64]]
+    try:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            for _ in range(600):
+                try:
+                    if c.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            phase = ["before"]
+            lat: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+            errors: list[str] = []
+            stop = threading.Event()
+
+            def reader() -> None:
+                i = 0
+                with httpx.Client(base_url=url, timeout=300) as rc:
+                    while not stop.is_set():
+                        t = time.perf_counter()
+                        r = rc.post("/v1/retrieve", headers=auth, json={
+                            "queries": [queries[i % len(queries)]], "top_k": 10,
+                            "mode": "hipporag2"})
+                        lat[phase[0]].append(time.perf_counter() - t)
+                        if r.status_code != 200:
+                            errors.append(f"{r.status_code} {r.text[:200]}")
+                        i += 1
+
+            rss = {"before": _rss_mb(proc.pid)}
+            thread = threading.Thread(target=reader)
+            thread.start()
+            time.sleep(5)
+            phase[0] = "during"
+            ins: list[float] = []
+            peak, versions = rss["before"], []
+            for p, d in zip(passages[args.passages:], docs[args.passages:]):
+                t = time.perf_counter()
+                r = c.post("/v1/passages", headers=auth, json={"passages": [{
+                    "title": p.title, "text": p.text, "triples": [list(x) for x in d.triples]}]})
+                ins.append(time.perf_counter() - t)
+                if r.status_code != 200:
+                    errors.append(f"insert {r.status_code} {r.text[:200]}")
+                else:
+                    versions.append(r.json()["version"])
+                peak = max(peak, _rss_mb(proc.pid))
+            rss["peak_during"] = peak
+            phase[0] = "settling"
+            lat["settling"] = []
+            time.sleep(15)  # the server compacts once writes pause (5 s), then serves the basis
+            phase[0] = "after"
+            time.sleep(5)
+            stop.set()
+            thread.join(300)
+            rss["after"] = _rss_mb(proc.pid)
+            stats = c.get("/v1/stats", headers=auth).json()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    record = {
+        **provenance("bench_writable", threads=args.threads, device="cpu",
+                     batch_sizes={"queries_per_request": 1}, git=git),
+        "passages": args.passages, "inserts": args.inserts, "insert": _ms(ins),
+        "query_before": _ms(lat["before"]), "query_during": _ms(lat["during"]),
+        "query_after": _ms(lat["after"]), "errors": len(errors),
+        "error_examples": errors[:3], "rss_mb": {k: round(v, 1) for k, v in rss.items()},
+        "versions_consecutive": versions == list(range(versions[0], versions[0] + len(versions)))
+        if versions else False, "final_stats": {k: stats.get("index", {}).get(k) for k in (
+            "passage_nodes", "basis_bytes")},
+        "loadavg": os.getloadavg(),
+    }
+    print(record)
+    append_result_or_exit(Path(args.results or RESULTS / "bench_writable.jsonl"), record,
+                          allow_dirty=args.allow_dirty)
+
+
+if __name__ == "__main__":
+    ARGS = _parse()
+    init_threads(ARGS.threads)
+    main(ARGS)
