@@ -17,9 +17,11 @@ WITHOUT the stop phrase (so every question takes every step; after its last sub-
 repeats it), run (a) batched: `ircot_retrieve`, every step one `Searcher.rank` call for all
 questions, and (b) one question at a time: `ircot_one_at_a_time`, upstream's order (each
 question's whole loop alone, one `rank` call per question and step). Same searcher, same thoughts,
-same run; the batched loop's median of --repeats timed runs after a warm-up, the sequential one
-timed once. Their merged rankings are compared question by question (identical key lists, and
-the largest score difference: float32 query-encoder rounding with the batch's shape).
+same run. After a warm-up of each, --repeats pairs are timed, the batched run and then the
+sequential one, so both see the same load on a shared CPU: the medians of each, and the median
+of the pairs' ratios (the speedup). Their merged rankings are compared question by question
+(identical key lists, and the largest score difference: float32 query-encoder rounding with the
+batch's shape).
 
 Prints both tables and appends one JSON line (provenance.py) to benchmarks/results/
 bench_ircot.jsonl; a dirty git tree needs --allow-dirty. The CPU may be shared with other work
@@ -49,7 +51,7 @@ from benchmarks.common import (
     musique_dir,
     musique_index,
     provenance,
-    time_call,
+    summarize,
 )
 
 MODES = ("dense", "hipporag2", "hybrid")
@@ -69,7 +71,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-k", type=int, default=10, help="passages per retrieval (k)")
     ap.add_argument("--steps", default="2,3,4", help="IRCoT max_steps values of part 1")
     ap.add_argument("--throughput-steps", type=int, default=3, help="max_steps of part 2")
-    ap.add_argument("--repeats", type=int, default=3, help="timed batched runs in part 2")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed (batched, one-at-a-time) pairs in part 2")
     ap.add_argument("--results", default=str(RESULTS / "bench_ircot.jsonl"))
     add_arguments(ap)
     return ap.parse_args(argv)
@@ -194,19 +197,24 @@ def main(args: argparse.Namespace) -> int:
     part2 = []
     for mode in modes:
         nostop = OracleThoughts(chains, stop=False)
-        box: dict[str, IRCoTReport] = {}
-
-        def batched(mode: str = mode, nostop: OracleThoughts = nostop,
-                    box: dict[str, IRCoTReport] = box) -> None:
-            box["b"] = ircot_retrieve(searcher, texts, nostop, max_steps=s2, top_k=args.top_k,
-                                      mode=mode)
-
-        t = time_call(batched, warmup=1, repeats=args.repeats)
-        start = time.perf_counter()
-        alone = ircot_one_at_a_time(searcher, texts, nostop, max_steps=s2, top_k=args.top_k,
-                                    mode=mode)
-        seq_s = time.perf_counter() - start
-        b = box["b"]
+        run = {"batched": ircot_retrieve, "sequential": ircot_one_at_a_time}
+        seconds: dict[str, list[float]] = {"batched": [], "sequential": []}
+        first: dict[str, float] = {}
+        out: dict[str, IRCoTReport] = {}
+        for rep in range(args.repeats + 1):  # the first pair warms up
+            for name, fn in run.items():
+                start = time.perf_counter()
+                out[name] = fn(searcher, texts, nostop, max_steps=s2, top_k=args.top_k,
+                               mode=mode)
+                if rep:
+                    seconds[name].append(time.perf_counter() - start)
+                else:
+                    first[name] = time.perf_counter() - start
+        t = summarize(first["batched"], seconds["batched"])
+        seq = summarize(first["sequential"], seconds["sequential"])
+        ratios = summarize(first["sequential"] / first["batched"],
+                           [s / b for b, s in zip(seconds["batched"], seconds["sequential"])])
+        b, alone = out["batched"], out["sequential"]
         same = sum([h.key for h in x.hits] == [h.key for h in y.hits]
                    for x, y in zip(b.results, alone.results, strict=True))
         diff = max((abs(hx.score - hy.score) for x, y in zip(b.results, alone.results)
@@ -216,13 +224,17 @@ def main(args: argparse.Namespace) -> int:
             "retrievals": b.retrieved_queries, "batched_rank_calls": b.retrieval_calls,
             "sequential_rank_calls": alone.retrieval_calls,
             "batched_s": t.median, "batched_p20_s": t.p20, "batched_p80_s": t.p80,
-            "batched_first_s": t.first, "batched_runs": t.runs, "sequential_s": seq_s,
-            "batched_questions_per_s": q / t.median, "sequential_questions_per_s": q / seq_s,
-            "speedup": seq_s / t.median, "identical_rankings": same,
+            "sequential_s": seq.median, "sequential_p20_s": seq.p20,
+            "sequential_p80_s": seq.p80, "pairs": len(seconds["batched"]),
+            "warmup_s": first,
+            "batched_questions_per_s": q / t.median,
+            "sequential_questions_per_s": q / seq.median,
+            "speedup": ratios.median, "speedup_p20": ratios.p20, "speedup_p80": ratios.p80,
+            "identical_rankings": same,
             "max_score_diff": diff,
             "batched_stage_s": {k: v for k, v in b.stage_seconds.items()},
         })
-        print(f"  part 2 {mode:<10} batched {t.median:.2f} s, one at a time {seq_s:.2f} s")
+        print(f"  part 2 {mode:<10} batched {t.median:.2f} s, one at a time {seq.median:.2f} s")
 
     print(f"\nPart 1: recall (%) on musique_train, {q} questions, top_k {args.top_k} per "
           f"retrieval; {ORACLE_LABEL}")
@@ -240,12 +252,13 @@ def main(args: argparse.Namespace) -> int:
     print(f"\nPart 2: {q} questions x {s2} steps (every step taken: oracle thoughts without the "
           f"stop phrase), same thoughts, same run, threads {args.threads}")
     head = (f"{'mode':<10} {'batched s':>10} {'q/s':>7} {'1-at-a-time s':>14} {'q/s':>7} "
-            f"{'speedup':>8} {'same rank':>10} {'max |dscore|':>13}")
+            f"{'speedup (p20-p80)':>18} {'same rank':>10} {'max |dscore|':>13}")
     print(head + "\n" + "-" * len(head))
     for r in part2:
         print(f"{r['mode']:<10} {r['batched_s']:>10.2f} {r['batched_questions_per_s']:>7.1f} "
               f"{r['sequential_s']:>14.2f} {r['sequential_questions_per_s']:>7.1f} "
-              f"{r['speedup']:>7.1f}x {r['identical_rankings']:>6}/{q:<3} "
+              f"{r['speedup']:>7.1f}x ({r['speedup_p20']:.1f}-{r['speedup_p80']:.1f}) "
+              f"{r['identical_rankings']:>6}/{q:<3} "
               f"{r['max_score_diff']:>13.2g}")
 
     record = {
