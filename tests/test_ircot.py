@@ -47,9 +47,11 @@ class CountingSearcher:
         self._s = searcher
         self.index = searcher.index
         self.calls: list[list[str]] = []
+        self.entities: list[Any] = []
 
     def rank(self, queries: list[str], **kw: Any) -> Any:
         self.calls.append(list(queries))
+        self.entities.append(kw.get("query_entities"))
         return self._s.rank(queries, **kw)
 
     def to_hits(self, ranking: Any) -> Any:
@@ -132,6 +134,22 @@ def test_batched_equals_one_at_a_time(sample_searcher, llm) -> None:
         assert [h.row for h in b.hits] == [h.row for h in a.hits]
     assert alone.retrieval_calls == 4 + 4 + 3  # one call per question and step
     assert batched.retrieval_calls == 3
+
+
+def test_hipporag1_thoughts_get_capitalised_span_entities(sample_searcher, llm) -> None:
+    from hippo_gpu.entities import heuristic_entities
+
+    _, spec = llm
+    ents = [["Marta Quill"], ["Lumen Museum"], ["Varnholt"], ["Lumen Museum", "Skerrow"]]
+    spy = CountingSearcher(sample_searcher)
+    batched = ircot_retrieve(spy, QUESTIONS, IRCoTReasoner(fast_backend(spec)), max_steps=2,
+                             top_k=3, mode="hipporag1", query_entities=ents)
+    assert spy.entities == [ents, heuristic_entities([SCRIPT[q][0] for q in QUESTIONS])]
+    alone = ircot_one_at_a_time(sample_searcher, QUESTIONS, IRCoTReasoner(fast_backend(spec)),
+                                max_steps=2, top_k=3, mode="hipporag1", query_entities=ents)
+    for b, a in zip(batched.results, alone.results, strict=True):
+        _same(b, [(h.key, h.score) for h in a.hits])
+        assert b.thoughts == a.thoughts == SCRIPT[b.question][:1]
 
 
 def test_max_steps_one_is_one_retrieval_without_llm(sample_searcher, llm) -> None:
