@@ -14,6 +14,13 @@ and rerun gives every id exactly once, in input order. Rows whose retrieval fail
 part-NNNNNN.failed.jsonl, committed before their part, and from there to OUT.bad.jsonl.
 
 Memory does not grow with the input: rows are read lazily, one part at a time.
+
+IRCoT (`ircot=IRCoTOptions(...)`, hippo_gpu.ircot): each batch of rows runs the batched IRCoT
+loop instead of one retrieval, and each output row also holds "thoughts" (in order), "steps" and
+"stop" (why its loop ended; with "stop_error" when a thought or its retrieval failed, the row is
+still answered with what it had). The options' identity (steps, model, prompt) is part of the
+run identity; with a cached thought source a resumed run gets the same thoughts again for the
+rows of the part it redoes, and none for the committed parts.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.ircot import IRCoTOptions, IRCoTResult, ircot_retrieve
 from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
 from hippo_gpu.search import Searcher
@@ -143,11 +151,12 @@ def _pyarrow_parquet() -> Any:
 
 
 def _run_identity(queries: Path, searcher: Searcher, mode: str, top_k: int,
-                  part_size: int) -> dict[str, Any]:
+                  part_size: int, ircot: IRCoTOptions | None = None) -> dict[str, Any]:
     st = queries.stat()
     index = searcher.index
     return {"queries": str(queries.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "mode": mode, "top_k": top_k, "part_size": part_size,
+            "ircot": None if ircot is None else ircot.identity(),
             "index": str(index.path) if index.path else None, "index_version": index.version,
             "passages": len(index.passage_keys),
             "index_digest": hashlib.sha256("\n".join(index.passage_keys).encode()).hexdigest()}
@@ -164,8 +173,10 @@ def retrieve_file(
     part_size: int = 4096,
     skip_bad: bool = False,
     show_progress: bool = True,
+    ircot: IRCoTOptions | None = None,
 ) -> BatchReport:
-    """Answer every row of `queries` into `out` (see the module docstring)."""
+    """Answer every row of `queries` into `out` (see the module docstring; `ircot`: IRCoT
+    rows)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     if top_k < 1 or batch_size < 1 or part_size < 1:
@@ -177,7 +188,7 @@ def retrieve_file(
     if fmt == "parquet":
         _pyarrow_parquet()
     parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
-    identity = _run_identity(queries, searcher, mode, top_k, part_size)
+    identity = _run_identity(queries, searcher, mode, top_k, part_size, ircot)
     if parts.resume(identity) is None:
         parts.start(identity)
     report = BatchReport()
@@ -196,7 +207,7 @@ def retrieve_file(
         if parts.path(part_no).exists():
             report.resumed += len(good) - len(_read_lines(failed_file))
         else:
-            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report)
+            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report, ircot)
             if failed:  # committed before its part, so a resumed run finds both
                 write_atomic(failed_file, "".join(failed))
             parts.commit(part_no, "".join(lines))
@@ -214,19 +225,20 @@ def retrieve_file(
         bad_file = out.with_name(out.name + ".bad.jsonl")
         write_atomic(bad_file, "".join([json.dumps(b) + "\n" for b in bad] + failed))
         report.bad_file = str(bad_file)
-    _join_parts(parts.in_order(part_no), out, fmt)
+    _join_parts(parts.in_order(part_no), out, fmt, ircot is not None)
     parts.remove()
     report.seconds = time.perf_counter() - start
     return report
 
 
 def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_k: int,
-                batch_size: int, stage_seconds: dict[str, float] | None = None
-                ) -> list[dict[str, Any]]:
+                batch_size: int, stage_seconds: dict[str, float] | None = None,
+                ircot: IRCoTOptions | None = None) -> list[dict[str, Any]]:
     """The answers {"id", "keys", "titles", "scores"} to `rows`, in order. Rows with and
     without entities are batched apart (a query without entities uses the searcher's default
     for the mode). Stage times are added into `stage_seconds` when given. A row whose retrieval
-    failed (hippo_gpu.results.Ranking.failed) has empty lists and an "error" saying why."""
+    failed (hippo_gpu.results.Ranking.failed) has empty lists and an "error" saying why.
+    With `ircot`, each batch runs the IRCoT loop (see the module docstring)."""
     out: dict[int, dict[str, Any]] = {}
     with_ents = [r for r in rows if r.entities is not None]
     without = [r for r in rows if r.entities is None]
@@ -234,6 +246,10 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
         for i in range(0, len(group), batch_size):
             batch = group[i:i + batch_size]
             ents = [list(r.entities or ()) for r in batch] if has else None
+            if ircot is not None:
+                out.update(_answer_ircot(searcher, batch, ents, mode, top_k, ircot,
+                                         stage_seconds))
+                continue
             ranking = searcher.rank([r.query for r in batch], top_k=top_k, mode=mode,
                                     query_entities=ents)
             if stage_seconds is not None:
@@ -248,12 +264,38 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
     return [out[r.index] for r in rows]
 
 
+def _answer_ircot(searcher: Searcher, batch: Sequence[QueryRow],
+                  entities: list[list[str]] | None, mode: str, top_k: int, ircot: IRCoTOptions,
+                  stage_seconds: dict[str, float] | None) -> dict[int, dict[str, Any]]:
+    """{row index: answer} of one batch by the IRCoT loop."""
+    report = ircot_retrieve(searcher, [r.query for r in batch], ircot.reason,
+                            max_steps=ircot.max_steps, top_k=top_k, mode=mode,
+                            query_entities=entities)
+    if stage_seconds is not None:
+        for k, v in report.stage_seconds.items():
+            stage_seconds[k] = stage_seconds.get(k, 0.0) + v
+    return {r.index: _ircot_answer(r, res) for r, res in zip(batch, report.results)}
+
+
+def _ircot_answer(row: QueryRow, res: IRCoTResult) -> dict[str, Any]:
+    answer: dict[str, Any] = {"id": row.id, "keys": [h.key for h in res.hits],
+                              "titles": [h.title for h in res.hits],
+                              "scores": [h.score for h in res.hits],
+                              "thoughts": res.thoughts, "steps": res.steps, "stop": res.stop}
+    if res.failed:
+        answer["error"] = res.error
+    elif res.error is not None:
+        answer["stop_error"] = res.error
+    return answer
+
+
 def _answer(searcher: Searcher, rows: Sequence[QueryRow], mode: str, top_k: int,
-            batch_size: int, report: BatchReport) -> tuple[list[str], list[str]]:
+            batch_size: int, report: BatchReport, ircot: IRCoTOptions | None = None
+            ) -> tuple[list[str], list[str]]:
     """(JSON lines of the answers to `rows`, in order; JSON lines of the rows whose retrieval
     failed, {"row", "id", "error"}: they go to the side file, not the output)."""
     answers = answer_rows(searcher, rows, mode=mode, top_k=top_k, batch_size=batch_size,
-                          stage_seconds=report.stage_seconds)
+                          stage_seconds=report.stage_seconds, ircot=ircot)
     good = [json.dumps(a, ensure_ascii=False) + "\n" for a in answers if "error" not in a]
     failed = [json.dumps({"row": r.index, "id": r.id, "error": a["error"]},
                          ensure_ascii=False) + "\n"
@@ -274,8 +316,9 @@ def _failed_file(parts: RunParts, n: int) -> Path:
     return parts.path(n).with_suffix(".failed.jsonl")
 
 
-def _join_parts(paths: Sequence[Path], out: Path, fmt: str) -> None:
-    """Write the JSON Lines parts `paths`, in order, to `out` atomically, in its format."""
+def _join_parts(paths: Sequence[Path], out: Path, fmt: str, ircot: bool = False) -> None:
+    """Write the JSON Lines parts `paths`, in order, to `out` atomically, in its format
+    (`ircot`: the Parquet schema has the IRCoT columns)."""
     if fmt == "jsonl":
         def concatenate(tmp: Path) -> None:
             with tmp.open("w", encoding="utf-8") as f:
@@ -291,15 +334,20 @@ def _join_parts(paths: Sequence[Path], out: Path, fmt: str) -> None:
             with path.open(encoding="utf-8") as g:
                 yield [json.loads(line) for line in g]
 
-    write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks()))
+    write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks(), ircot))
 
 
-def _write_parquet_answers(path: Path, chunks: Iterable[list[dict[str, Any]]]) -> None:
+def _write_parquet_answers(path: Path, chunks: Iterable[list[dict[str, Any]]],
+                           ircot: bool = False) -> None:
     import pyarrow as pa
 
     pq = _pyarrow_parquet()
-    schema = pa.schema([("id", pa.string()), ("keys", pa.list_(pa.string())),
-                        ("titles", pa.list_(pa.string())), ("scores", pa.list_(pa.float64()))])
+    columns = [("id", pa.string()), ("keys", pa.list_(pa.string())),
+               ("titles", pa.list_(pa.string())), ("scores", pa.list_(pa.float64()))]
+    if ircot:
+        columns += [("thoughts", pa.list_(pa.string())), ("steps", pa.int64()),
+                    ("stop", pa.string()), ("stop_error", pa.string())]
+    schema = pa.schema(columns)
     with pq.ParquetWriter(path, schema) as writer:
         for rows in chunks:
             rows = [{**r, "id": str(r["id"])} for r in rows]

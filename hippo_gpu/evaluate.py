@@ -1,7 +1,8 @@
-"""Retrieval evaluation: Recall@k per mode, queries/s and time per stage.
+"""Retrieval evaluation: Recall@k per mode, queries/s and time per stage, one-step or IRCoT.
 
 Recall@k of a query = |top-k passages ∩ gold passages| / |gold passages|, averaged over queries
 (HippoRAG's retrieval_eval). Passages are matched by chunk key (md5 of title + "\\n" + text).
+IRCoT (`evaluate_ircot`) scores the merged list of each question (hippo_gpu.ircot).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import Question
+from hippo_gpu.ircot import STOPS, IRCoTReport, ThoughtSource, ircot_retrieve
 from hippo_gpu.results import FactFilter, Ranking
 from hippo_gpu.search import Searcher
 
@@ -95,3 +97,71 @@ def evaluate_mode(
                       stage_s=stage, seconds=seconds, dense_fallbacks=fallbacks,
                       ranked_keys=ranked, ppr_max_bound=worst, ppr_refined=refined,
                       failed=failed)
+
+
+@dataclass
+class IRCoTModeResult:
+    """One mode's IRCoT evaluation: recall of the merged lists and what the loop did."""
+
+    mode: str
+    max_steps: int
+    recall: dict[str, float]
+    mean_steps: float
+    stops: dict[str, int]  # why the loops ended: STOPS -> questions
+    thought_requests: int  # thoughts asked of the source (cache hits included)
+    retrieval_calls: int
+    stage_s: dict[str, float]
+    seconds: float
+    questions_per_s: float
+    ranked_keys: list[list[str]]
+    thoughts: list[list[str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_steps": self.max_steps, "recall": self.recall,
+                "mean_steps": round(self.mean_steps, 3), "stops": self.stops,
+                "thought_requests": self.thought_requests,
+                "retrieval_calls": self.retrieval_calls,
+                "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
+                "seconds": round(self.seconds, 4),
+                "questions_per_s": round(self.questions_per_s, 3)}
+
+
+def evaluate_ircot(
+    searcher: Searcher,
+    questions: Sequence[Question],
+    mode: str,
+    reason: ThoughtSource,
+    *,
+    max_steps: int = 3,
+    top_k: int = 200,
+    config: RetrievalConfig | None = None,
+    fact_filter: FactFilter | None = None,
+    query_entities: Sequence[Sequence[str]] | None = None,
+    batch_size: int | None = None,
+) -> IRCoTModeResult:
+    """IRCoT over all questions (batches of `batch_size`, default all at once): recall@k (k <=
+    top_k) of each question's merged list, steps per question, thought requests and the time
+    of the retrieval and reasoning stages."""
+    texts = [q.question for q in questions]
+    gold = [{p.key for p in q.gold} for q in questions]
+    _ = searcher.encoder  # load the query encoder outside the timed region
+    bs = batch_size or max(len(texts), 1)
+    report = IRCoTReport([])
+    start = time.perf_counter()
+    for i in range(0, len(texts), bs):
+        ents = None if query_entities is None else query_entities[i:i + bs]
+        report.extend(ircot_retrieve(searcher, texts[i:i + bs], reason, max_steps=max_steps,
+                                     top_k=top_k, mode=mode, config=config,
+                                     fact_filter=fact_filter, query_entities=ents))
+    seconds = time.perf_counter() - start
+    ranked = [[h.key for h in r.hits] for r in report.results]
+    stops = {s: sum(r.stop == s for r in report.results) for s in STOPS}
+    n = len(report.results)
+    return IRCoTModeResult(
+        mode=mode, max_steps=max_steps,
+        recall=recall_at_k(ranked, gold, [k for k in RECALL_KS if k <= top_k]),
+        mean_steps=sum(r.steps for r in report.results) / max(n, 1), stops=stops,
+        thought_requests=report.thought_requests, retrieval_calls=report.retrieval_calls,
+        stage_s=report.stage_seconds, seconds=seconds,
+        questions_per_s=n / seconds if seconds > 0 else float("inf"), ranked_keys=ranked,
+        thoughts=[r.thoughts for r in report.results])

@@ -1,4 +1,5 @@
-"""`hippo-gpu eval`: Recall@k, queries/s and time per stage for each retrieval mode."""
+"""`hippo-gpu eval`: Recall@k, queries/s and time per stage for each retrieval mode, and with
+--ircot the same modes inside the IRCoT loop (hippo_gpu.ircot)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,21 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import ENCODER_HELP, console, err_console, fail, setup
+from hippo_gpu.cli.reasoning import (
+    DATASET_HELP,
+    MAX_STEPS_HELP,
+    PASSAGES_HELP,
+    PROMPT_HELP,
+    check_max_steps,
+    make_reasoner,
+    reasoner_counts,
+)
 from hippo_gpu.config import ENTITY_MODES, MODES, EncoderConfig, RetrievalConfig, cache_root
 
 if TYPE_CHECKING:
+    from hippo_gpu.data import Question
+    from hippo_gpu.evaluate import IRCoTModeResult
+    from hippo_gpu.llm.ircot import IRCoTReasoner
     from hippo_gpu.search import Searcher
     from hippo_gpu.searcher_spec import SearcherSpec
 
@@ -81,13 +94,23 @@ def eval_cmd(
         None, help="query entities for hipporag1 and hybrid: HippoRAG "
                    "*_queries.named_entity_output.tsv (default: capitalised spans)"),
     llm: str | None = typer.Option(
-        None, help="LLM for query NER (hipporag1, hybrid) and the hipporag2 filter (--filter)"),
+        None, help="LLM for query NER (hipporag1, hybrid), the hipporag2 filter (--filter) "
+                   "and the IRCoT thoughts (--ircot)"),
     use_filter: bool = typer.Option(False, "--filter", help="hipporag2: LLM recognition memory"),
     json_out: Path | None = typer.Option(None, "--json", help="write results as JSON"),
     per_query: Path | None = typer.Option(None, help="write top-10 keys per question (JSON)"),
     questions_limit: int | None = typer.Option(None, "--limit", help="first N questions"),
+    ircot: bool = typer.Option(False, "--ircot", help="also run each mode in the IRCoT loop "
+                                                      "with --llm (recall of the merged list)"),
+    max_steps: int = typer.Option(3, help=MAX_STEPS_HELP),
+    ircot_prompt: Path | None = typer.Option(None, help=PROMPT_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP + " (default: DATA's name)"),
+    ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
+    llm_cache: Path | None = typer.Option(
+        None, help="SQLite cache of the IRCoT thoughts (default: beside the index)"),
 ) -> None:
-    """Recall@k, queries/s and time per stage for each retrieval mode."""
+    """Recall@k, queries/s and time per stage for each retrieval mode (--ircot: and in the
+    IRCoT loop)."""
     import torch
 
     from hippo_gpu.data import read_questions
@@ -117,6 +140,14 @@ def eval_cmd(
     if set(ENTITY_MODES) & set(mode_list):
         entities, entity_source = _query_entities(questions, query_ner, llm)
         console.print(f"query entities (hipporag1, hybrid): {entity_source}")
+    reasoner = None
+    if ircot:
+        check_max_steps(max_steps)
+        if llm is None:
+            fail("--ircot needs --llm SPEC (the LLM that writes the thoughts)")
+        cache = llm_cache or where.with_name(where.name + ".llm-cache.sqlite")
+        reasoner = make_reasoner(llm, cache, dataset=dataset or data.name, prompt_file=ircot_prompt,
+                                 max_passages=ircot_passages)
     fact_filter = None
     if use_filter:
         if llm is None:
@@ -125,14 +156,21 @@ def eval_cmd(
 
         fact_filter = RecognitionMemoryFilter(llm)  # owns (and closes) its backend
     results = {}
+    ircot_results: dict[str, IRCoTModeResult] = {}
     try:
         for m in mode_list:
             results[m] = evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
                                        fact_filter=fact_filter if m == "hipporag2" else None,
                                        query_entities=entities if m in ENTITY_MODES else None)
+        if reasoner is not None:
+            ircot_results = _eval_ircot(searcher, questions, mode_list, reasoner,
+                                        max_steps=max_steps, top_k=top_k, cfg=cfg,
+                                        fact_filter=fact_filter, entities=entities)
     finally:
         if fact_filter is not None:
             fact_filter.close()
+        if reasoner is not None:
+            reasoner.close()
     ks = list(next(iter(results.values())).recall) if results else []
     table = Table(title=f"Recall@k (%) on {data.name}, {len(questions)} questions")
     table.add_column("mode")
@@ -150,8 +188,13 @@ def eval_cmd(
     console.print(table)
     for m, r in results.items():
         console.print(f"{m} stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r.stage_s.items()))
+    if reasoner is not None:
+        _print_ircot(ircot_results, ks, data.name, len(questions), reasoner)
     if json_out:
         payload = {"modes": {m: r.as_dict() for m, r in results.items()},
+                   **({"ircot": {m: r.as_dict() for m, r in ircot_results.items()},
+                       "ircot_llm": {"spec": llm, **reasoner_counts(reasoner)}}
+                      if reasoner is not None else {}),
                    "n_questions": len(questions), "index": idx.stats(), "threads": n,
                    "device": str(idx.device), "precision": idx.precision,
                    "query_precision": searcher.encoder_config.precision,
@@ -160,9 +203,49 @@ def eval_cmd(
         json_out.write_text(json.dumps(payload, indent=2))
     if per_query:
         dump = [{"id": q.id, "question": q.question,
-                 **{m: r.ranked_keys[i][:10] for m, r in results.items()}}
+                 **{m: r.ranked_keys[i][:10] for m, r in results.items()},
+                 **{f"{m}+ircot": r.ranked_keys[i][:10] for m, r in ircot_results.items()},
+                 **({"thoughts": {m: r.thoughts[i] for m, r in ircot_results.items()}}
+                    if ircot_results else {})}
                 for i, q in enumerate(questions)]
         per_query.write_text(json.dumps(dump, indent=1))
+
+
+def _eval_ircot(searcher: Searcher, questions: list[Question], mode_list: list[str],
+                reasoner: IRCoTReasoner, *, max_steps: int, top_k: int, cfg: RetrievalConfig,
+                fact_filter: object, entities: list[list[str]] | None
+                ) -> dict[str, IRCoTModeResult]:
+    from hippo_gpu.evaluate import evaluate_ircot
+
+    out = {}
+    for m in mode_list:
+        out[m] = evaluate_ircot(
+            searcher, questions, m, reasoner, max_steps=max_steps, top_k=top_k, config=cfg,
+            fact_filter=fact_filter if m == "hipporag2" else None,  # type: ignore[arg-type]
+            query_entities=entities if m in ENTITY_MODES else None)
+    return out
+
+
+def _print_ircot(results: dict[str, IRCoTModeResult], ks: list[str], data_name: str,
+                 n: int, reasoner: IRCoTReasoner) -> None:
+    steps = next(iter(results.values())).max_steps if results else 0
+    table = Table(title=f"IRCoT ({steps} steps) Recall@k (%) of the merged list on {data_name}, "
+                        f"{n} questions")
+    table.add_column("mode")
+    for k in ks:
+        table.add_column(f"R@{k}", justify="right")
+    for col in ("steps/q", "answered", "failed", "thoughts", "retrieve s", "reason s"):
+        table.add_column(col, justify="right")
+    for m, r in results.items():
+        table.add_row(m, *[f"{r.recall[k]:.2f}" for k in ks], f"{r.mean_steps:.2f}",
+                      str(r.stops["answer"]),
+                      str(r.stops["thought_failed"] + r.stops["retrieval_failed"]),
+                      str(r.thought_requests), f"{r.stage_s.get('retrieve', 0.0):.3f}",
+                      f"{r.stage_s.get('reason', 0.0):.3f}")
+    console.print(table)
+    counts = reasoner_counts(reasoner)
+    console.print(f"IRCoT LLM: {counts['llm_calls']} calls, {counts['cached']} cached, "
+                  f"failures {counts['failures'] or 'none'}, prompt {counts['prompt']}")
 
 
 def _query_entities(questions, query_ner: Path | None,

@@ -11,6 +11,15 @@ from rich.table import Table
 
 from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
 from hippo_gpu.cli.common import console, fail
+from hippo_gpu.cli.reasoning import (
+    DATASET_HELP,
+    MAX_STEPS_HELP,
+    PASSAGES_HELP,
+    PROMPT_HELP,
+    check_max_steps,
+    make_reasoner,
+    reasoner_counts,
+)
 
 
 def _backend_options(api_key_env: str, concurrency: int | None) -> dict[str, object]:
@@ -115,11 +124,20 @@ def qa(
     concurrency: int | None = typer.Option(None, help="HTTP requests in flight (openai:)"),
     api_key_env: str = typer.Option("OPENAI_API_KEY", help="env var holding the API key"),
     out: Path | None = typer.Option(None, help="write predictions and metrics as JSON here"),
+    ircot: bool = typer.Option(False, "--ircot", help="retrieve with the IRCoT loop (--llm "
+                                                      "writes the thoughts); the reader reads "
+                                                      "the merged list"),
+    max_steps: int = typer.Option(3, help=MAX_STEPS_HELP),
+    ircot_prompt: Path | None = typer.Option(None, help=PROMPT_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP + " (default: DATA's name)"),
+    ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
-    """Retrieve, then read with an LLM: EM/F1 (SQuAD normalisation) next to recall."""
+    """Retrieve (one step, or --ircot), then read with an LLM: EM/F1 (SQuAD normalisation)
+    next to recall."""
     from hippo_gpu.build import build_index
     from hippo_gpu.data import as_passages, read_questions
     from hippo_gpu.evaluate import recall_at_k
+    from hippo_gpu.ircot import ircot_retrieve
     from hippo_gpu.llm.backends import make_backend
     from hippo_gpu.llm.cache import LLMCache
     from hippo_gpu.llm.extract import extract_openie
@@ -128,6 +146,8 @@ def qa(
     from hippo_gpu.llm.qa import QAReader, qa_metrics
     from hippo_gpu.searcher_spec import SearcherSpec
 
+    if ircot:
+        check_max_steps(max_steps)
     try:
         passages = as_passages(data / "corpus.json")
         questions = read_questions(data / "questions.json")[:limit]
@@ -154,8 +174,22 @@ def qa(
         fact_filter = RecognitionMemoryFilter(backend, llm_cache) if llm_filter else None
         t0 = time.perf_counter()
         entities = QueryNER(backend, llm_cache)(texts) if mode == "hipporag1" else None
-        hits = searcher.retrieve(texts, top_k=max(top_k, 10), mode=mode,
-                                 fact_filter=fact_filter, query_entities=entities)
+        thoughts: list[list[str]] | None = None
+        ircot_counts: dict[str, object] = {}
+        if ircot:
+            reasoner = make_reasoner(backend, llm_cache, dataset=dataset or data.name,
+                                     prompt_file=ircot_prompt, max_passages=ircot_passages)
+            looped = ircot_retrieve(searcher, texts, reasoner, max_steps=max_steps,
+                                    top_k=max(top_k, 10), mode=mode, fact_filter=fact_filter,
+                                    query_entities=entities)
+            hits = [r.hits for r in looped.results]
+            thoughts = [r.thoughts for r in looped.results]
+            ircot_counts = {"max_steps": max_steps, **reasoner_counts(reasoner),
+                            "mean_steps": sum(r.steps for r in looped.results) / max(len(texts), 1),
+                            "stage_s": looped.stage_seconds}
+        else:
+            hits = searcher.retrieve(texts, top_k=max(top_k, 10), mode=mode,
+                                     fact_filter=fact_filter, query_entities=entities)
         t_retrieve = time.perf_counter() - t0
         contexts = [[idx.passage_texts[h.row] for h in row[:top_k]]
                     for row in hits]
@@ -166,7 +200,8 @@ def qa(
     recall = recall_at_k([[h.key for h in row] for row in hits],
                          [{p.key for p in q.gold} for q in questions], ks=(2, 5, 10))
     metrics = qa_metrics(predictions, [list(q.answers) for q in questions])
-    table = Table(title=f"QA on {data} ({len(questions)} questions, {mode}, {llm})")
+    how = f"{mode} + IRCoT {max_steps} steps" if ircot else mode
+    table = Table(title=f"QA on {data} ({len(questions)} questions, {how}, {llm})")
     for col in ("R@2", "R@5", "R@10", "EM", "F1", "reader failures", "index s", "retrieve s",
                 "read s"):
         table.add_column(col, justify="right")
@@ -175,11 +210,17 @@ def qa(
                   str(sum(reader.failures.values())), f"{t_index:.1f}", f"{t_retrieve:.1f}",
                   f"{t_read:.1f}")
     console.print(table)
+    if ircot:
+        console.print(f"IRCoT: {ircot_counts['mean_steps']:.2f} steps per question, "
+                      f"{ircot_counts['llm_calls']} LLM calls, {ircot_counts['cached']} cached, "
+                      f"failures {ircot_counts['failures'] or 'none'}")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        rows = [{"id": q.id, "question": q.question, "prediction": p, "answers": list(q.answers)}
-                for q, p in zip(questions, predictions)]
-        out.write_text(json.dumps({"recall": recall, "metrics": metrics, "rows": rows}, indent=1))
+        rows = [{"id": q.id, "question": q.question, "prediction": p, "answers": list(q.answers),
+                 **({"thoughts": thoughts[i]} if thoughts is not None else {})}
+                for i, (q, p) in enumerate(zip(questions, predictions))]
+        out.write_text(json.dumps({"recall": recall, "metrics": metrics, "rows": rows,
+                                   **({"ircot": ircot_counts} if ircot else {})}, indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from hippo_gpu.cli.common import QUERY_ENCODER_HELP, console, fail, setup
+from hippo_gpu.cli.common import LLM_HELP, QUERY_ENCODER_HELP, console, fail, setup
+from hippo_gpu.cli.reasoning import (
+    DATASET_HELP,
+    MAX_STEPS_HELP,
+    PASSAGES_HELP,
+    PROMPT_HELP,
+    check_max_steps,
+    make_reasoner,
+)
 from hippo_gpu.config import MODES
 
 if TYPE_CHECKING:
@@ -37,6 +45,16 @@ def retrieve(
     workers: int = typer.Option(1, min=1, help="--ray: actors, each holding one index replica"),
     cpus_per_worker: float = typer.Option(1.0, min=0.0, help="--ray: Ray CPUs per actor"),
     num_gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--ray: GPUs per actor"),
+    ircot: bool = typer.Option(False, "--ircot", help="IRCoT rows (hippo_gpu.ircot): --llm "
+                                                      "writes the thoughts, kept in each row"),
+    max_steps: int = typer.Option(3, help=MAX_STEPS_HELP),
+    llm: str | None = typer.Option(None, help=f"--ircot: {LLM_HELP}"),
+    llm_cache: Path | None = typer.Option(
+        None, help="--ircot: SQLite cache of the thoughts (default: OUT.llm-cache.sqlite; a "
+                   "resumed run reads its thoughts back from it)"),
+    ircot_prompt: Path | None = typer.Option(None, help=PROMPT_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
     """Retrieve for every row of a query file; rerun after a crash to finish the same file.
 
@@ -55,17 +73,33 @@ def retrieve(
                             encoder_model=encoder)
     except ValueError as e:
         fail(str(e))
+    if ircot and ray is not None:
+        fail("--ircot does not run on --ray; run it here")
     if ray is not None:
         _retrieve_ray(ray, spec, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
                       part_size=part_size, skip_bad=skip_bad, workers=workers,
                       cpus_per_worker=cpus_per_worker, gpus_per_worker=num_gpus_per_worker)
         return
+    options = None
+    if ircot:
+        from hippo_gpu.ircot import IRCoTOptions
+
+        if llm is None:
+            fail("--ircot needs --llm SPEC (the LLM that writes the thoughts)")
+        reasoner = make_reasoner(llm, llm_cache or out.with_name(out.name + ".llm-cache.sqlite"),
+                                 dataset=dataset, prompt_file=ircot_prompt,
+                                 max_passages=ircot_passages)
+        options = IRCoTOptions(reasoner, check_max_steps(max_steps))
     try:
         searcher = spec.open()
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
-                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad)
+                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
+                               ircot=options)
     except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
+    finally:
+        if options is not None:
+            reasoner.close()
     console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
                   f"from committed parts, {report.bad} malformed, {report.failed} failed"
                   + (f" (see {report.bad_file})" if report.bad_file else "")

@@ -13,11 +13,13 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from hippo_gpu.cli.common import QUERY_ENCODER_HELP
+from hippo_gpu.cli.reasoning import DATASET_HELP, PASSAGES_HELP, PROMPT_HELP, make_reasoner
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.config import QueryLimits, ServerConfig
@@ -82,7 +84,8 @@ def serve(
                     "versions and queries switch to each one atomically"
     ),
     llm: str | None = typer.Option(
-        None, help="with --writable: extract OpenIE for passages posted without triples"
+        None, help="LLM: writes IRCoT thoughts (requests with \"ircot\") and, with --writable, "
+                   "extracts OpenIE for passages posted without triples"
     ),
     warmup: bool = typer.Option(True, help="run one query per mode before accepting requests"),
     mcp: bool | None = typer.Option(
@@ -97,6 +100,10 @@ def serve(
     replicas: int = typer.Option(1, min=1, help="--ray: replicas, each holding one index"),
     cpus_per_replica: float = typer.Option(1.0, min=0.0, help="--ray: Ray CPUs per replica"),
     gpus_per_replica: float = typer.Option(0.0, min=0.0, help="--ray: GPUs per replica"),
+    max_ircot_steps: int = typer.Option(8, min=1, help="largest ircot.max_steps; beyond -> 422"),
+    ircot_prompt: Path | None = typer.Option(None, help=PROMPT_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
     """Serve POST /v1/retrieve, /v1/stats, /v1/indexes, /metrics, /mcp, /healthz, /readyz and
     /docs for one or several indexes."""
@@ -121,6 +128,7 @@ def serve(
                                max_entity_chars=max_entity_chars, max_top_k=max_top_k),
             token=token,
             mcp=mcp,
+            max_ircot_steps=max_ircot_steps,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
@@ -158,13 +166,23 @@ def serve(
         holders[name] = SearcherHolder(
             searcher, path if writable else None, device=device, llm=llm,
             llm_cache=path.parent / f"{path.name}.llm-cache.sqlite")
+    reasoner = None
+    if llm is not None:  # IRCoT thoughts, cached beside the first index
+        first = next(iter(indexes.values()))
+        reasoner = make_reasoner(llm, first.parent / f"{first.name}.llm-cache.sqlite",
+                                 dataset=dataset, prompt_file=ircot_prompt,
+                                 max_passages=ircot_passages)
     try:
-        app = create_app(holders, config)
+        app = create_app(holders, config, reasoner=reasoner)
     except ImportError as e:  # --mcp without the mcp extra
         raise typer.BadParameter(str(e)) from e
     # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
     # app's lifespan drains the batcher.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    finally:
+        if reasoner is not None:
+            reasoner.close()
 
 
 def _serve_on_ray(address: str, specs: Mapping[str, SearcherSpec], config: ServerConfig, *,

@@ -13,6 +13,11 @@ behave alike:
   (split into requests of at most `max_queries_per_request`, the server's default limit, 64).
   The server does not return passage rows, so `Passage.row` is None in this mode.
 
+IRCoT (`ircot_steps=S`, hippo_gpu.ircot): each query's ranking is its merged IRCoT list (up to
+k x S passages). Locally the client's `reasoner` (hippo_gpu.llm.ircot.IRCoTReasoner or any
+ThoughtSource) writes the thoughts; over HTTP the request carries {"ircot": {"max_steps": S}}
+and the server's own LLM (`serve --llm`) writes them.
+
 The two modes return the same ranking for the same index, queries, k and mode (the server is a
 `Searcher` behind a micro-batcher; tests/integrations/test_integrations.py checks it). Scores may
 differ in the last float32 bits, because the query encoder rounds differently with the batch's
@@ -29,6 +34,7 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.ircot import ThoughtSource, ircot_retrieve
 from hippo_gpu.search import Searcher
 
 __all__ = ["Passage", "PassageClient", "RemoteRetrievalError"]
@@ -60,6 +66,7 @@ class PassageClient:
         token: bearer token for the server (URL mode only).
         timeout: seconds per HTTP request (URL mode).
         max_queries_per_request: most queries per HTTP request (URL mode).
+        reasoner: the thought source of IRCoT retrievals (local mode only).
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class PassageClient:
         token: str | None = None,
         timeout: float = 60.0,
         max_queries_per_request: int = 64,
+        reasoner: ThoughtSource | None = None,
     ) -> None:
         if (searcher is None) == (url is None):
             raise ValueError("give exactly one of searcher= (local) and url= (HTTP server)")
@@ -77,6 +85,9 @@ class PassageClient:
             raise TypeError(f"searcher must be a hippo_gpu.Searcher, got {type(searcher)!r}")
         if searcher is not None and token is not None:
             raise ValueError("token= is for url= mode; a local searcher takes none")
+        if reasoner is not None and searcher is None:
+            raise ValueError("reasoner= is for searcher= mode; a server writes IRCoT thoughts "
+                             "with its own LLM (hippo-gpu serve --llm)")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if max_queries_per_request < 1:
@@ -86,43 +97,48 @@ class PassageClient:
         self.url = url.rstrip("/") if url is not None else None
         self.timeout = timeout
         self.max_queries_per_request = max_queries_per_request
+        self.reasoner = reasoner
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._lock = threading.Lock()
 
-    def retrieve(self, queries: Sequence[str], *, k: int, mode: str) -> list[list[Passage]]:
-        """Top-k passages for each query, best first, from one batched retrieval.
+    def retrieve(self, queries: Sequence[str], *, k: int, mode: str,
+                 ircot_steps: int | None = None) -> list[list[Passage]]:
+        """Top-k passages for each query, best first, from one batched retrieval (with
+        `ircot_steps`: the merged IRCoT list, one batched retrieval per step).
 
         `mode` is one of hippo_gpu.config.MODES except "hipporag1", which needs query entities
         that these retrievers do not take.
         """
-        queries = _check(queries, k, mode)
+        queries = _check(queries, k, mode, ircot_steps)
         if not queries:
             return []
         if self.searcher is not None:
-            return self._local(self.searcher, queries, k, mode)
+            return self._local(self.searcher, queries, k, mode, ircot_steps)
         import httpx
 
         with httpx.Client(timeout=self.timeout, headers=self._headers) as http:
             out: list[list[Passage]] = []
             for chunk in self._chunks(queries):
-                response = http.post(self._endpoint, json=_body(chunk, k, mode))
+                response = http.post(self._endpoint, json=_body(chunk, k, mode, ircot_steps))
                 out.extend(_parse(response, chunk))
             return out
 
-    async def aretrieve(self, queries: Sequence[str], *, k: int, mode: str
-                        ) -> list[list[Passage]]:
+    async def aretrieve(self, queries: Sequence[str], *, k: int, mode: str,
+                        ircot_steps: int | None = None) -> list[list[Passage]]:
         """Async `retrieve`: httpx.AsyncClient in URL mode, a worker thread in local mode."""
-        queries = _check(queries, k, mode)
+        queries = _check(queries, k, mode, ircot_steps)
         if not queries:
             return []
         if self.searcher is not None:
-            return await asyncio.to_thread(self._local, self.searcher, queries, k, mode)
+            return await asyncio.to_thread(self._local, self.searcher, queries, k, mode,
+                                           ircot_steps)
         import httpx
 
         async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as http:
             chunks = self._chunks(queries)
             responses = await asyncio.gather(
-                *(http.post(self._endpoint, json=_body(c, k, mode)) for c in chunks))
+                *(http.post(self._endpoint, json=_body(c, k, mode, ircot_steps))
+                  for c in chunks))
         return [p for r, c in zip(responses, chunks) for p in _parse(r, c)]
 
     @property
@@ -133,11 +149,19 @@ class PassageClient:
         n = self.max_queries_per_request
         return [queries[i:i + n] for i in range(0, len(queries), n)]
 
-    def _local(self, searcher: Searcher, queries: list[str], k: int, mode: str
-               ) -> list[list[Passage]]:
+    def _local(self, searcher: Searcher, queries: list[str], k: int, mode: str,
+               ircot_steps: int | None = None) -> list[list[Passage]]:
         texts = searcher.index.passage_texts
         with self._lock:
-            hits = searcher.retrieve(queries, top_k=k, mode=mode)
+            if ircot_steps is None:
+                hits = searcher.retrieve(queries, top_k=k, mode=mode)
+            elif self.reasoner is None:
+                raise ValueError("ircot_steps needs reasoner= in searcher= mode (e.g. "
+                                 "hippo_gpu.llm.ircot.IRCoTReasoner)")
+            else:
+                hits = [r.hits for r in ircot_retrieve(searcher, queries, self.reasoner,
+                                                       max_steps=ircot_steps, top_k=k,
+                                                       mode=mode).results]
         return [[Passage(h.key, h.title, texts[h.row], h.score, h.rank, h.row) for h in row]
                 for row in hits]
 
@@ -152,8 +176,16 @@ def check_mode(mode: str) -> None:
                          "Searcher.retrieve(..., query_entities=...) directly")
 
 
-def _check(queries: Sequence[str], k: int, mode: str) -> list[str]:
+def check_ircot_steps(steps: int | None) -> None:
+    """Raise ValueError unless `steps` is None or an integer >= 1."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"ircot_steps must be None or an integer >= 1, got {steps!r}")
+
+
+def _check(queries: Sequence[str], k: int, mode: str, ircot_steps: int | None = None
+           ) -> list[str]:
     check_mode(mode)
+    check_ircot_steps(ircot_steps)
     if isinstance(queries, str):
         raise TypeError("queries must be a sequence of strings, not one string")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -161,8 +193,12 @@ def _check(queries: Sequence[str], k: int, mode: str) -> list[str]:
     return list(queries)
 
 
-def _body(queries: list[str], k: int, mode: str) -> dict[str, Any]:
-    return {"queries": queries, "top_k": k, "mode": mode}
+def _body(queries: list[str], k: int, mode: str, ircot_steps: int | None = None
+          ) -> dict[str, Any]:
+    body: dict[str, Any] = {"queries": queries, "top_k": k, "mode": mode}
+    if ircot_steps is not None:
+        body["ircot"] = {"max_steps": ircot_steps}
+    return body
 
 
 def _parse(response: Any, queries: list[str]) -> list[list[Passage]]:

@@ -13,6 +13,10 @@ not send rows). `batch`/`abatch` are overridden: LangChain's default runs `invok
 on a thread pool, which here would give up the batched encoder GEMM and the single multi-column
 PPR solve; the override makes one retrieval for all inputs (one HTTP request per 64 queries in URL
 mode) and still reports one retriever run per input to the callbacks. Needs the `langchain` extra.
+
+IRCoT: `HippoRetriever(..., ircot_steps=3, reasoner=IRCoTReasoner("openai:..."))` (local) or
+`HippoRetriever(url=..., ircot_steps=3)` (the server's LLM) returns each query's merged IRCoT
+list (hippo_gpu.ircot), up to k x ircot_steps documents.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_config_list
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
-from hippo_gpu.integrations.client import Passage, PassageClient, check_mode
+from hippo_gpu.integrations.client import Passage, PassageClient, check_ircot_steps, check_mode
 from hippo_gpu.search import Searcher
 
 __all__ = ["HippoRetriever"]
@@ -52,6 +56,8 @@ class HippoRetriever(BaseRetriever):
         timeout: seconds per HTTP request (URL mode).
         max_queries_per_request: most queries per HTTP request (URL mode; the server's default
             limit is 64).
+        ircot_steps: None (one retrieval), or IRCoT with this many steps per query.
+        reasoner: the IRCoT thought source in local mode (hippo_gpu.llm.ircot.IRCoTReasoner).
     """
 
     searcher: Searcher | None = None
@@ -61,6 +67,8 @@ class HippoRetriever(BaseRetriever):
     mode: str = "hipporag2"
     timeout: float = Field(default=60.0, gt=0)
     max_queries_per_request: int = Field(default=64, ge=1)
+    ircot_steps: int | None = None
+    reasoner: Any = None
 
     _client: PassageClient = PrivateAttr()
 
@@ -70,16 +78,24 @@ class HippoRetriever(BaseRetriever):
         check_mode(mode)
         return mode
 
+    @field_validator("ircot_steps")
+    @classmethod
+    def _valid_steps(cls, steps: int | None) -> int | None:
+        check_ircot_steps(steps)
+        return steps
+
     def model_post_init(self, context: Any, /) -> None:
         self._client = PassageClient(
             searcher=self.searcher, url=self.url,
             token=self.token.get_secret_value() if self.token is not None else None,
-            timeout=self.timeout, max_queries_per_request=self.max_queries_per_request)
+            timeout=self.timeout, max_queries_per_request=self.max_queries_per_request,
+            reasoner=self.reasoner)
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
-        found = self._client.retrieve([query], k=self.k if k is None else k, mode=self.mode)
+        found = self._client.retrieve([query], k=self.k if k is None else k, mode=self.mode,
+                                      ircot_steps=self.ircot_steps)
         return self._documents(found)[0]
 
     async def _aget_relevant_documents(
@@ -87,7 +103,7 @@ class HippoRetriever(BaseRetriever):
         k: int | None = None,
     ) -> list[Document]:
         found = await self._client.aretrieve([query], k=self.k if k is None else k,
-                                             mode=self.mode)
+                                             mode=self.mode, ircot_steps=self.ircot_steps)
         return self._documents(found)[0]
 
     def batch(
@@ -109,7 +125,8 @@ class HippoRetriever(BaseRetriever):
         runs = [self._start(query, cfg, kwargs)
                 for query, cfg in zip(inputs, get_config_list(config, len(inputs)))]
         try:
-            docs = self._documents(self._client.retrieve(inputs, k=k, mode=self.mode))
+            docs = self._documents(self._client.retrieve(inputs, k=k, mode=self.mode,
+                                                         ircot_steps=self.ircot_steps))
         except Exception as e:  # reported to every run, then raised or returned (not swallowed)
             for run in runs:
                 run.on_retriever_error(e)
@@ -135,7 +152,8 @@ class HippoRetriever(BaseRetriever):
         runs = [await self._astart(query, cfg, kwargs)
                 for query, cfg in zip(inputs, get_config_list(config, len(inputs)))]
         try:
-            docs = self._documents(await self._client.aretrieve(inputs, k=k, mode=self.mode))
+            docs = self._documents(await self._client.aretrieve(inputs, k=k, mode=self.mode,
+                                                                ircot_steps=self.ircot_steps))
         except Exception as e:  # reported to every run, then raised or returned (not swallowed)
             for run in runs:
                 await run.on_retriever_error(e)

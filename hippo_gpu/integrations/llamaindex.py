@@ -12,17 +12,21 @@ HTTP (the server does not send rows). Only `title` reaches the LLM or an embedde
 node's content (rank and row are bookkeeping). LlamaIndex's BaseRetriever has no batch entry
 point, so `retrieve_batch` / `aretrieve_batch` are this class's own (they skip the per-query
 callback events of `retrieve`). Needs the `llamaindex` extra.
+
+IRCoT: `ircot_steps=S` (with `reasoner=` in local mode; over HTTP the server's LLM) returns each
+query's merged IRCoT list (hippo_gpu.ircot), up to k x S nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from hippo_gpu.integrations.client import Passage, PassageClient, check_mode
+from hippo_gpu.integrations.client import Passage, PassageClient, check_ircot_steps, check_mode
 from hippo_gpu.search import Searcher
 
 __all__ = ["HippoRetriever"]
@@ -43,6 +47,8 @@ class HippoRetriever(BaseRetriever):
         mode: "hipporag2", "dense" or "hybrid" ("hipporag1" needs query entities, not taken here).
         timeout: seconds per HTTP request (URL mode).
         max_queries_per_request: most queries per HTTP request (URL mode; server default 64).
+        ircot_steps: None (one retrieval), or IRCoT with this many steps per query.
+        reasoner: the IRCoT thought source in local mode (hippo_gpu.llm.ircot.IRCoTReasoner).
         callback_manager, verbose: as for any LlamaIndex retriever.
     """
 
@@ -56,33 +62,41 @@ class HippoRetriever(BaseRetriever):
         mode: str = "hipporag2",
         timeout: float = 60.0,
         max_queries_per_request: int = 64,
+        ircot_steps: int | None = None,
+        reasoner: Any = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         check_mode(mode)
+        check_ircot_steps(ircot_steps)
         self.k = k
         self.mode = mode
+        self.ircot_steps = ircot_steps
         self._client = PassageClient(searcher=searcher, url=url, token=token, timeout=timeout,
-                                     max_queries_per_request=max_queries_per_request)
+                                     max_queries_per_request=max_queries_per_request,
+                                     reasoner=reasoner)
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _nodes(self._client.retrieve([query_bundle.query_str], k=self.k,
-                                            mode=self.mode))[0]
+                                            mode=self.mode, ircot_steps=self.ircot_steps))[0]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _nodes(await self._client.aretrieve([query_bundle.query_str], k=self.k,
-                                                   mode=self.mode))[0]
+                                                   mode=self.mode,
+                                                   ircot_steps=self.ircot_steps))[0]
 
     def retrieve_batch(self, queries: Sequence[str]) -> list[list[NodeWithScore]]:
         """Nodes for every query from ONE batched retrieval (no per-query callback events)."""
-        return _nodes(self._client.retrieve(queries, k=self.k, mode=self.mode))
+        return _nodes(self._client.retrieve(queries, k=self.k, mode=self.mode,
+                                            ircot_steps=self.ircot_steps))
 
     async def aretrieve_batch(self, queries: Sequence[str]) -> list[list[NodeWithScore]]:
         """Async `retrieve_batch` (httpx.AsyncClient in URL mode, a worker thread locally)."""
-        return _nodes(await self._client.aretrieve(queries, k=self.k, mode=self.mode))
+        return _nodes(await self._client.aretrieve(queries, k=self.k, mode=self.mode,
+                                                   ircot_steps=self.ircot_steps))
 
 
 def _nodes(found: list[list[Passage]]) -> list[list[NodeWithScore]]:

@@ -50,6 +50,7 @@ class ServerConfig:
             authentication.
         mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
             (ImportError without it), False never.
+        max_ircot_steps: largest `ircot.max_steps` of a retrieve request (a server with an LLM).
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -57,9 +58,11 @@ class ServerConfig:
     limits: QueryLimits = dataclasses.field(default_factory=QueryLimits)
     token: str | None = dataclasses.field(default=None, repr=False)
     mcp: bool | None = None
+    max_ircot_steps: int = 8
 
     def __post_init__(self) -> None:
         _check_positive("max_queries_per_request", self.max_queries_per_request)
+        _check_positive("max_ircot_steps", self.max_ircot_steps)
         if self.max_queries_per_request > self.batcher.max_queue:
             # Such a request could never be queued: it would always get 429.
             raise ValueError(

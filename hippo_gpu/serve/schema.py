@@ -18,6 +18,9 @@ request is answered and a schema-invalid one gets 422:
   with the dense ranking). JSON Schema cannot compare two array lengths, so the schema spells the
   rule out: an `anyOf` with one branch "no entities, mode not hipporag1" and one branch per
   allowed length n ("n queries and n entity lists").
+- `ircot` (optional): {"max_steps": S} runs each query through the IRCoT loop
+  (hippo_gpu.ircot), 1 <= S <= ServerConfig.max_ircot_steps, on a server started with an LLM
+  (`--llm`); on one without, the field only accepts null and a value gets a 422 saying so.
 
 The model class names are the OpenAPI component names: renaming one changes the document.
 """
@@ -39,6 +42,7 @@ from pydantic import (
 )
 
 from hippo_gpu.config import MODES
+from hippo_gpu.ircot import STOPS
 from hippo_gpu.serve.config import ServerConfig
 from hippo_gpu.serve.service import DEFAULT_INDEX, UnknownIndexError
 
@@ -47,6 +51,8 @@ __all__ = [
     "NONBLANK",
     "WHITESPACE",
     "ErrorBody",
+    "IRCoT",
+    "IRCoTTrace",
     "IndexesResponse",
     "Mode",
     "PassageHit",
@@ -131,6 +137,14 @@ def _accepts(model: type[BaseModel], body: dict[str, Any]) -> bool:
     return True
 
 
+class IRCoT(BaseModel):
+    """IRCoT for every query of a request (bounds: see `request_model`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_steps: int
+
+
 class RetrieveRequest(BaseModel):
     """Queries answered with one mode and one top_k (limits: see `request_model`)."""
 
@@ -142,6 +156,7 @@ class RetrieveRequest(BaseModel):
     mode: Mode = "hipporag2"
     return_seeds: bool = False
     index: str | None = None
+    ircot: IRCoT | None = None
 
     @model_validator(mode="after")
     def _entities_fit_queries(self) -> RetrieveRequest:
@@ -177,10 +192,35 @@ def _index_field(names: Sequence[str]) -> Any:
     )
 
 
-def request_model(config: ServerConfig,
-                  indexes: Sequence[str] = (DEFAULT_INDEX,)) -> type[RetrieveRequest]:
+NO_IRCOT = "ircot needs a server with an LLM for the thoughts: start it with --llm SPEC"
+
+
+def _ircot_field(max_steps: int | None) -> Any:
+    """The `ircot` field: {"max_steps": 1..max_steps} or null; only null without an LLM
+    (max_steps None), where a value gets a 422 naming the cause."""
+    if max_steps is None:
+        def refuse(v: Any) -> Any:
+            if v is not None:
+                raise ValueError(NO_IRCOT)
+            return v
+
+        return (Annotated[None, BeforeValidator(refuse)],
+                Field(default=None, description=f"not available: {NO_IRCOT}"))
+    options: Any = create_model(
+        "IRCoT", __base__=IRCoT, __doc__=IRCoT.__doc__,
+        max_steps=(Annotated[int, BeforeValidator(_integral)],
+                   Field(ge=1, le=max_steps, description="IRCoT steps per query: its own "
+                         "retrieval, then up to max_steps - 1 LLM thoughts, each retrieved")))
+    return (options | None, Field(
+        default=None, description="run each query through IRCoT (interleaved LLM thoughts and "
+        "retrievals); results are then every merged passage (up to top_k x max_steps), and "
+        "`ircot` in the response holds each query's thoughts"))
+
+
+def request_model(config: ServerConfig, indexes: Sequence[str] = (DEFAULT_INDEX,),
+                  *, ircot: bool = False) -> type[RetrieveRequest]:
     """The `RetrieveRequest` model with `config`'s limits and the served `indexes`' names: the
-    schema and the validator in one."""
+    schema and the validator in one. `ircot`: the server has an LLM for IRCoT thoughts."""
     limits = config.limits
     text: Any = Annotated[
         str, StringConstraints(min_length=1, max_length=limits.max_query_chars, pattern=NONBLANK)
@@ -227,6 +267,7 @@ def request_model(config: ServerConfig,
             Field(default=False, description="also return the seed facts of each query"),
         ),
         index=_index_field(indexes),
+        ircot=_ircot_field(config.max_ircot_steps if ircot else None),
     )
     return model
 
@@ -242,6 +283,15 @@ class PassageHit(BaseModel):
 SeedFact = tuple[str, str, str]  # (subject, predicate, object)
 
 
+class IRCoTTrace(BaseModel):
+    thoughts: list[str] = Field(description="the LLM's thoughts, in order")
+    steps: int = Field(ge=1, description="the query's own retrieval and one per thought")
+    stop: Literal[STOPS] = Field(  # type: ignore[valid-type]
+        description="why the loop ended: a thought gave the answer, the steps ran out, a "
+                    "thought or a retrieval failed (the query keeps what it had)")
+    error: str | None = Field(default=None, description="the failure behind a failed stop")
+
+
 class RetrieveResponse(BaseModel):
     results: list[list[PassageHit]] = Field(description="per query, in request order, the ranking")
     seeds: list[list[SeedFact]] | None = Field(
@@ -249,6 +299,8 @@ class RetrieveResponse(BaseModel):
         description="per query, the seed facts of its PPR (empty for dense answers and "
         "hipporag1); null unless return_seeds",
     )
+    ircot: list[IRCoTTrace] | None = Field(
+        default=None, description="per query, its IRCoT thoughts; null unless ircot")
     errors: list[str | None] | None = Field(
         default=None,
         description="present only when some query of a batch failed: per query, null when "

@@ -5,7 +5,9 @@ Endpoints (operationId in brackets):
                                    "top_k": int, "mode": str, "return_seeds": bool}
         -> {"results": [[{"key", "title", "text", "score", "rank"}, ...] per query],
             "seeds": [[[subject, predicate, object], ...] per query] | null}
-        An optional "index" names the served index to ask (default: the first).
+        An optional "index" names the served index to ask (default: the first), an optional
+        "ircot": {"max_steps": S} runs IRCoT (serve/ircot.py; needs `create_app(reasoner=)`)
+        and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
     GET  /v1/stats [stats]    index counts, queue depth, batches, mean batch size, latencies
                               (?index=NAME; default: the first index).
     GET  /v1/indexes [indexes]  {"indexes": [{"name", "version", "passages", "memory_bytes",
@@ -56,7 +58,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi import Query as QueryParam
@@ -69,6 +71,7 @@ from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.config import ServerConfig
 from hippo_gpu.serve.guards import BearerGuard, BodyLimit, bearer_auth
+from hippo_gpu.serve.ircot import answer_ircot, trace
 from hippo_gpu.serve.metrics import (
     CONTENT_TYPE,
     EncoderCounters,
@@ -97,6 +100,9 @@ from hippo_gpu.serve.service import (
 )
 from hippo_gpu.serve.writes import SearcherHolder, write_router
 
+if TYPE_CHECKING:
+    from hippo_gpu.ircot import ThoughtSource
+
 __all__ = ["MCP_PATH", "ServerConfig", "create_app"]
 
 log = logging.getLogger(__name__)
@@ -105,7 +111,8 @@ MCP_PATH = "/mcp"
 
 
 def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | SearcherHolder],
-               config: ServerConfig | None = None) -> FastAPI:
+               config: ServerConfig | None = None, *,
+               reasoner: ThoughtSource | None = None) -> FastAPI:
     """Build the FastAPI app serving `searcher` (its index already loaded, on its device).
 
     `searcher` is one searcher (served as index "default") or a mapping name -> searcher for
@@ -114,6 +121,8 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     /v1/passages (serve/writes.py) for it: its queries then switch to each committed version.
     The batchers start with the app's lifespan and, at shutdown, finish every queued and
     in-flight batch before the app stops (uvicorn first waits for open requests).
+    `reasoner` (the LLM thought source, hippo_gpu.llm.ircot.IRCoTReasoner) enables "ircot" in
+    retrieve requests; without one such a request gets 422.
     """
     config = config or ServerConfig()
     if isinstance(searcher, Mapping):
@@ -142,7 +151,7 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     _add_error_handlers(app)
     _add_probes(app, service)
     _add_read_routes(app, service, config, metrics, auth)
-    _add_retrieve(app, service, config, auth)
+    _add_retrieve(app, service, config, auth, reasoner)
     _add_write_routes(app, service, config, auth)
     if mcp_app is not None:
         guarded = mcp_app.asgi if config.token is None else BearerGuard(mcp_app.asgi, config.token)
@@ -295,14 +304,22 @@ def _add_read_routes(app: FastAPI, service: RetrievalService, config: ServerConf
 
 
 def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
-                  auth: _Auth) -> None:
+                  auth: _Auth, reasoner: ThoughtSource | None = None) -> None:
     """POST /v1/retrieve: the request model carries this config's limits and index names."""
 
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
+        traces = None
         try:
-            answers = await service.retrieve(
-                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
-                return_seeds=req.return_seeds, index=req.index, transport="http")
+            if req.ircot is not None and reasoner is not None:
+                answers, results = await answer_ircot(
+                    service, reasoner, req.queries, top_k=req.top_k, mode=req.mode,
+                    max_steps=req.ircot.max_steps, entities=req.entities,
+                    return_seeds=req.return_seeds, index=req.index)
+                traces = [trace(r) for r in results]
+            else:
+                answers = await service.retrieve(
+                    req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+                    return_seeds=req.return_seeds, index=req.index, transport="http")
         except QueueFullError as e:
             raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
         except BatcherClosedError as e:
@@ -312,13 +329,16 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
             raise HTTPException(500, f"retrieval failed: {errors[0]}")
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
+        if traces is not None:
+            body["ircot"] = traces
         if any(e is not None for e in errors):
             body["errors"] = errors
         # Hits were validated as they were built; skip a second pydantic pass on the event loop.
         return JSONResponse(body)
 
     # The body model carries this config's limits; FastAPI reads it from the annotation.
-    retrieve.__annotations__["req"] = request_model(config, service.names)
+    retrieve.__annotations__["req"] = request_model(config, service.names,
+                                                    ircot=reasoner is not None)
     app.post(
         "/v1/retrieve",
         operation_id="retrieve",
