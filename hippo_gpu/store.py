@@ -191,13 +191,21 @@ def _versions(root: Path) -> list[int]:
 
 def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]],
                tables: dict[str, Any], strings: dict[str, Sequence[str]],
-               step: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+               step: Callable[[str], None],
+               hold: contextlib.ExitStack | None = None) -> dict[str, dict[str, Any]]:
     """Write one version directory root/name (a base or a segment): files under a temporary
-    name, fsync each, rename the directory, fsync root. Returns the manifest's file entries."""
+    name, fsync each, rename the directory, fsync root. Returns the manifest's file entries.
+
+    With `hold`, a shared lock on the directory's `.readers` is taken before anything is
+    written and kept in `hold` (the lock follows the file through the rename), so no garbage
+    collection removes the directory before a manifest names it (a background compaction)."""
     tmp = root / f".tmp-{name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    if hold is not None:
+        lock_file = hold.enter_context((tmp / READERS_LOCK).open("a"))
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
     try:
         step("write_files")
         files: dict[str, dict[str, Any]] = {}
@@ -249,6 +257,51 @@ def _commit_manifest(root: Path, full: dict[str, Any], step: Callable[[str], Non
     collect_garbage(root)
 
 
+def prepare_base(
+    index_dir: str | Path,
+    tensors: dict[str, dict[str, torch.Tensor]],
+    tables: dict[str, dict[str, Any]],
+    strings: dict[str, Sequence[str]] | None,
+    *,
+    hold: contextlib.ExitStack,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """Write a base directory vNNNNNN that no manifest names yet (`install_base` makes it
+    current); `hold` keeps it safe from garbage collection until then. It needs no writer lock:
+    a compaction writes its base while commits go on. Returns (name, file entries)."""
+    step = on_step or (lambda name: None)
+    root = Path(index_dir).resolve()
+    name = f"v{_next_version(root):06d}"
+    return name, _write_dir(root, name, tensors, tables, strings or {}, step, hold)
+
+
+def install_base(index_dir: str | Path, name: str, files: dict[str, dict[str, Any]],
+                 manifest: dict[str, Any], base_from: int | None, *,
+                 on_step: Callable[[str], None] | None = None) -> int:
+    """Make a prepared base current (the caller holds the writer lock). `manifest`: the base's
+    own fields (config, encoder, counts, report); `base_from`: the version it copies.
+
+    The segments committed after `base_from` stay in the chain (they apply to that version's
+    content, which the base holds), so a compaction loses no commit made while it ran; if there
+    are none, the base is the new current version (its number). Returns the current version."""
+    step = on_step or (lambda name: None)
+    root = Path(index_dir).resolve()
+    current = read_manifest(root) if is_index_dir(root) else {}
+    later = [s for s in current.get("segments", [])
+             if base_from is not None and int(s["version"]) > base_from]
+    version = int(current["version"]) if later else int(name[1:])
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "version": version,
+            "base": name, "files": files, "segments": later,
+            "base_from": version if base_from is None else int(base_from)}
+    if later:  # the top level describes the current version; the base's own fields apart
+        full.update({"counts": current.get("counts"),
+                     "openie_report": current.get("openie_report"),
+                     "base_counts": manifest.get("counts"),
+                     "base_openie_report": manifest.get("openie_report")})
+    _commit_manifest(root, full, step)
+    return version
+
+
 def write_version(
     index_dir: str | Path,
     manifest: dict[str, Any],
@@ -260,7 +313,7 @@ def write_version(
     base_from: int | None = None,
 ) -> Path:
     """Commit a new base version of the index at `index_dir` (the caller holds the writer lock):
-    a full copy, with no segments after it.
+    a full copy, with no segments after it (`prepare_base` then `install_base`).
 
     Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
     per string table (tables.StringTable's file) into a new version directory vNNNNNN, then
@@ -270,20 +323,15 @@ def write_version(
     `base_from`: the version whose content this base holds (a compaction copies the current
     version; default: the new version itself), so a reader holding it needs no reload.
     """
-    step = on_step or (lambda name: None)
     root = Path(index_dir).resolve()
     if root.exists() and any(p for p in root.iterdir() if p.name != WRITER_LOCK) \
             and not is_index_dir(root):
         raise IndexFormatError(
             f"{root} exists, is not empty and is not a hippo-gpu index; refusing to write there")
     root.mkdir(parents=True, exist_ok=True)
-    version = _next_version(root)
-    name = f"v{version:06d}"
-    files = _write_dir(root, name, tensors, tables, strings or {}, step)
-    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest,
-            "version": version, "base": name, "files": files, "segments": [],
-            "base_from": version if base_from is None else int(base_from)}
-    _commit_manifest(root, full, step)
+    with contextlib.ExitStack() as hold:
+        name, files = prepare_base(root, tensors, tables, strings, hold=hold, on_step=on_step)
+        install_base(root, name, files, manifest, base_from, on_step=on_step)
     return root
 
 
@@ -334,7 +382,8 @@ def collect_garbage(index_dir: str | Path) -> list[str]:
     for p in sorted(root.iterdir()):
         if p.name.startswith(".tmp-") or p.name.startswith(f".{MANIFEST}.tmp-"):
             if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+                if not _remove_unheld(p):
+                    continue  # a background compaction is writing it
             else:
                 p.unlink(missing_ok=True)
             removed.append(p.name)
@@ -343,15 +392,25 @@ def collect_garbage(index_dir: str | Path) -> list[str]:
         # without a manifest no version is known to be garbage: keep them all
         if not m or not p.is_dir() or named is None or p.name in named:
             continue
-        lock = p / READERS_LOCK
-        try:
-            with lock.open("a") as f:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(p, ignore_errors=True)
+        if _remove_unheld(p):
             removed.append(p.name)
-        except OSError:  # a reader holds it: the next collection removes it
-            continue
     return removed
+
+
+def _remove_unheld(path: Path) -> bool:
+    """Remove a version directory unless a reader (or a compaction writing it) holds its
+    `.readers` lock; whether it was removed."""
+    lock = path / READERS_LOCK
+    if not lock.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    try:
+        with lock.open("a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+        return True
+    except OSError:  # held: the next collection removes it
+        return False
 
 
 def read_manifest(index_dir: str | Path) -> dict[str, Any]:

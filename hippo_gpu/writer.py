@@ -74,9 +74,10 @@ from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.index import Index
 from hippo_gpu.store import (
     collect_garbage,
+    install_base,
+    prepare_base,
     read_manifest,
     write_segment,
-    write_version,
     writer_lock,
 )
 from hippo_gpu.versions import (
@@ -396,11 +397,18 @@ class IndexWriter:
         solved when the index keeps one) so loads stop replaying segments; the chain starts
         again from it. Readers keep what they hold; `refresh_index` moves them without a
         reload (the base's content is the version they hold). Returns the new base version;
-        its stage times are `last_compaction`."""
-        base = self._require_base()
+        its stage times are `last_compaction`. (`prepare_compaction` + `finish_compaction`.)"""
         if self.pending:
             raise RuntimeError("commit (or close the writer to discard) the staged changes "
                                "before compacting")
+        return self.finish_compaction(self.prepare_compaction())
+
+    def prepare_compaction(self) -> PreparedBase:
+        """The slow half of a compaction, on the last committed version as it is now: solve
+        its basis and write its base directory, which no manifest names yet. It holds no
+        writer lock (a server runs it in the background while commits go on); commits made
+        meanwhile stay valid on top of it (store.install_base)."""
+        base = self._require_base()
         stages = Stages()
         basis = base.basis
         if base.config.ppr_basis and basis is None:
@@ -408,13 +416,49 @@ class IndexWriter:
                                       self.device)
             stages.lap("basis")
         new = replace(base, basis=basis)
-        write_version(self.index_dir, *new.payload(), on_step=self.on_step,
-                      base_from=base.version)
-        stages.lap("save")
-        new.version = read_manifest(self.index_dir).get("version")
-        self._base = new
-        self.last_compaction = dict(stages.seconds)
-        return new
+        manifest, tensors, tables, strings = new.payload()
+        hold = contextlib.ExitStack()
+        try:
+            name, files = prepare_base(self.index_dir, tensors, tables, strings, hold=hold,
+                                       on_step=self.on_step)
+        except BaseException:
+            hold.close()
+            raise
+        stages.lap("write_base")
+        return PreparedBase(new, name, files, manifest, hold, stages)
+
+    def finish_compaction(self, prepared: PreparedBase) -> Index:
+        """Make a prepared base current (under the writer lock: the writer must be open).
+        Returns the compacted version when no commit came after the prepared one (the writer
+        then keeps it, basis included), else the writer's current version (the chain after
+        the new base holds the later commits)."""
+        self._require_base()
+        if self._lock is None:
+            raise RuntimeError("finish_compaction needs the writer open (the writer lock)")
+        new = prepared.index
+        try:
+            version = install_base(self.index_dir, prepared.name, prepared.files,
+                                   prepared.manifest, new.version, on_step=self.on_step)
+        finally:
+            prepared.hold.close()
+        prepared.stages.lap("install")
+        self.last_compaction = dict(prepared.stages.seconds)
+        if self._require_base().version == new.version:  # nothing committed meanwhile
+            new.version = version
+            self._base = new
+        return self._require_base()
+
+
+@dataclass
+class PreparedBase:
+    """A compaction's base directory, written but not yet current (IndexWriter)."""
+
+    index: Index  # the version it holds, with its basis
+    name: str  # vNNNNNN
+    files: dict[str, Any]
+    manifest: dict[str, Any]  # the base's own manifest fields
+    hold: contextlib.ExitStack  # the lock that keeps garbage collection off it
+    stages: Stages
 
 
 def _as_json(report: dict[str, Any]) -> dict[str, Any]:

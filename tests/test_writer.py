@@ -392,6 +392,32 @@ def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_
     assert old.basis.z.shape[0] == 20  # the old version kept its own
 
 
+def test_a_commit_during_a_compaction_stays_in_the_chain(enc, sample, base_dir, tmp_path):
+    """prepare_compaction writes a base of version V without the writer lock; a commit made
+    before finish_compaction is kept as a segment after that base: the load equals the
+    writer's version, the base holds V with its basis, and nothing is left behind."""
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    corpus = sample["corpus"]
+    with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
+        w.insert(corpus[20:23], sample["openie_path"])
+        v = w.commit().version
+        prepared = w.prepare_compaction()
+        w.delete([corpus[1].key])
+        later = w.commit()
+        current = w.finish_compaction(prepared)
+        assert current is later and current.basis is None
+    manifest = json.loads((index_dir / MANIFEST).read_text())
+    assert manifest["base_from"] == v and manifest["version"] == later.version
+    assert [s["version"] for s in manifest["segments"]] == [later.version]
+    # the base's number was taken when it was prepared: the commit after it got the next
+    assert manifest["base"] == prepared.name == f"v{v + 1:06d}" and later.version == v + 2
+    assert leftovers(index_dir) == []
+    loaded = load_index(index_dir, device="cpu")
+    assert_same_index(loaded, later)
+    assert_same_index(loaded, build(enc, sample, [p for p in corpus[:23] if p != corpus[1]]))
+    assert prepared.index.basis is not None and prepared.index.version == v
+
+
 def test_the_default_policy_compacts_a_chain_that_outweighs_its_base(enc, sample, base_dir,
                                                                       tmp_path):
     """With the default policy a commit whose segment exceeds a quarter of the base's bytes

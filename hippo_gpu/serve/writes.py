@@ -116,6 +116,8 @@ class SearcherHolder:
         self._compactor.start()
 
     def _compact_when_quiet(self) -> None:
+        """Compact once writes pause: the basis solve and the base write run outside the write
+        lock (writes go on meanwhile), only the manifest switch takes it."""
         assert self.compact_quiet is not None
         while (wait := self._last_write + self.compact_quiet - time.monotonic()) > 0:
             time.sleep(wait)
@@ -124,17 +126,25 @@ class SearcherHolder:
                 w = self._writer
                 if w is None or self.index_dir is None:
                     return
+                stale = w.index.config.ppr_basis and w.index.basis is None
+                if not stale and not needs_compaction(read_manifest(self.index_dir),
+                                                      COMPACT_AFTER):
+                    return
+            started = time.monotonic()
+            prepared = w.prepare_compaction()  # minutes at a million passages: no lock held
+            with self._write_lock:
                 with w:
-                    stale = w.index.config.ppr_basis and w.index.basis is None
-                    if not stale and not needs_compaction(read_manifest(self.index_dir),
-                                                          COMPACT_AFTER):
-                        return
-                    compacted = w.compact()
-                self._switch(compacted)
+                    current = w.finish_compaction(prepared)
+                if current.basis is not None:  # no write came meanwhile: serve the basis
+                    self._switch(current)
                 self.compactions += 1
         except Exception as e:  # noqa: BLE001 - a failed compaction loses nothing: logged
             self.compact_error = f"{type(e).__name__}: {e}"
             log.exception("background compaction of %s failed", self.index_dir)
+            return
+        if self._last_write > started:  # writes came during it: again once they pause
+            self._compactor = None
+            self._schedule_compaction()
 
     def wait_for_compaction(self, timeout: float | None = None) -> None:
         """Block until a scheduled background compaction has finished (tests, shutdown)."""

@@ -231,3 +231,46 @@ def test_a_quiet_server_compacts_in_the_background(setup) -> None:
     want = [(h["key"], h["score"]) for h in before["results"][0]]
     assert [k for k, _ in got] == [k for k, _ in want]
     assert all(abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want))
+
+
+def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
+    """The background compaction solves the basis and writes its base without the write lock:
+    a write made meanwhile commits at once, stays in the chain after the new base (nothing
+    lost), and a second compaction follows once writes pause again."""
+    import hippo_gpu.writer as writer_module
+    from hippo_gpu.data import OpenIEDoc, Passage
+
+    holder, new, full, index_dir = setup
+    entered, release = threading.Event(), threading.Event()
+    real_solve = writer_module.solve_index_basis
+
+    def slow_solve(*args, **kwargs):
+        entered.set()
+        assert release.wait(60)
+        return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "solve_index_basis", slow_solve)
+    holder.compact_quiet = 0.05
+
+    def insert(rows):
+        return holder.write(lambda w: w.insert_docs(
+            [Passage(title=p["title"], text=p["text"]) for p in rows],
+            [OpenIEDoc.from_raw([], p["triples"]) for p in rows]))
+
+    first = insert(new[:2])
+    assert entered.wait(60)  # the compaction of `first` is solving its basis
+    t = time.perf_counter()
+    second = insert(new[2:])  # does not wait for it
+    assert time.perf_counter() - t < 30 and second["version"] == first["version"] + 1
+    release.set()
+    deadline = time.monotonic() + 120
+    while holder.compactions < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    holder.wait_for_compaction(120)
+    assert holder.compactions == 2 and holder.compact_error is None
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    assert manifest["segments"] == []
+    served = holder.current.index
+    assert served.basis is not None and list(served.passage_keys) == list(full.passage_keys)
+    loaded = load_index(index_dir, device="cpu")
+    assert loaded.stats() == served.stats() and loaded.version == served.version
