@@ -41,13 +41,14 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor
 
-from hippo_gpu import hipporag1
+from hippo_gpu import explain, hipporag1
 from hippo_gpu.blockwise import scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig, solver_method
 from hippo_gpu.data import Triple
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.explanation import QueryExplanation
 from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
 from hippo_gpu.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
@@ -290,6 +291,72 @@ class Searcher:
         if not return_seeds:
             return hits
         return hits, self.seed_facts(ranking)
+
+    def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str = "hipporag2",
+                config: RetrievalConfig | None = None,
+                query_entities: Sequence[Sequence[str]] | None = None
+                ) -> list[QueryExplanation]:
+        """Why each hit ranked where it did: `retrieve`'s hits, each score split exactly into
+        one term per seed, one for the dense passage prior and (hipporag1) the min-max shift,
+        within each hit's certified ``bound`` (hippo_gpu.explain states and proves it). The
+        seeds' and hits' PPR columns are solved in float64, for these queries only.
+
+        Raises:
+            QueryFailure: as `retrieve` (some query's PPR is uncertified).
+        """
+        cfg = config or self.config
+        queries = _check_queries(queries)
+        ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
+                            query_entities=query_entities)
+        hits = self.to_hits(ranking)
+        if ranking.failed:
+            raise QueryFailure(ranking.failed, hits)
+        out: list[QueryExplanation] = []
+        for a, b in spans(len(queries), explain.query_chunk(self.index, top_k, cfg)):
+            ents = None if query_entities is None else list(query_entities[a:b])
+            out += self._explain_chunk(queries[a:b], hits[a:b], ranking, a, mode, cfg, ents)
+        return out
+
+    def _explain_chunk(self, queries: list[str], hits: list[list[Hit]], ranking: Ranking,
+                       a: int, mode: str, cfg: RetrievalConfig,
+                       ents: list[Sequence[str]] | None) -> list[QueryExplanation]:
+        """explain() for queries a..a+c-1: each mode's inputs recomputed as `rank` computes
+        them, handed to hippo_gpu.explain with a float64 all-node solver of the graph."""
+        index, b = self.index, a + len(queries)
+        bound = ranking.ppr.bound[a:b] if ranking.ppr is not None else torch.zeros(b - a)
+        if mode == "hipporag1" and ents is not None:
+            graph = self._hipporag1 = self._hipporag1 or hipporag1.build_v1_graph(index)
+            solver = self._explain_solver(cfg, graph.adjacency, "v1")
+            return explain.explain_hipporag1(index, graph, solver, queries, hits, ents,
+                                             self.encoder.encode, bound, cfg)
+        e_pass, e_fact = self.encode_queries(queries)
+        cos = self._passage_cos(e_pass)
+        if mode == "dense" or len(index.facts) == 0:
+            return explain.explain_dense(index, queries, hits, cos, mode)
+        link_k = cfg.hybrid_linking_top_k if mode == "hybrid" else cfg.linking_top_k
+        cand_scores, cand_rows, kept, _ = self._candidate_facts(
+            queries, e_fact, link_k, cfg, _Clock(index.device), None)
+        dense, ppr, entity = ranking.dense_fallback[a:b], None, None
+        if mode == "hybrid":  # the PPR ranking's input and the entity ranking, as in rank
+            solution = iterate_chunk(index, self._solver(cfg), cand_rows, cand_scores, kept,
+                                     dense, cos, cfg, hybrid=True)
+            ppr, bound = solution.scores.T, solution.bound.cpu().double()
+            if cfg.hybrid_entity_weight > 0:
+                linked = self._link_entities(ents or heuristic_entities(queries), cfg)
+                entity = self._entity_doc(*linked, 0, len(queries), cfg)[:2]
+        pushed = None if ranking.ppr is None or ranking.ppr.pushed is None else \
+            ranking.ppr.pushed[a:b]
+        inp = explain.GraphQueries(queries, hits, cand_rows, cand_scores, kept, cos, e_pass,
+                                   dense, bound, ppr_dtype(cfg), pushed, ppr, entity)
+        solver = self._explain_solver(cfg, index.adjacency, "graph")
+        return explain.explain_graph(index, solver, inp, cfg, mode)
+
+    def _explain_solver(self, cfg: RetrievalConfig, adjacency: Tensor, name: str) -> PPRSolver:
+        """explain's float64 all-node solver of the index graph or the v1 phrase graph."""
+        key = ("explain", name, cfg.damping, cfg.ppr_max_iter)
+        if key not in self._solvers:
+            self._solvers[key] = explain.explain_solver(adjacency, cfg)
+        return self._solvers[key]
 
     def seed_facts(self, ranking: Ranking) -> list[list[Triple]]:
         """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
