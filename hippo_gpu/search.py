@@ -304,32 +304,37 @@ class Searcher:
         Raises:
             QueryFailure: as `retrieve` (some query's PPR is uncertified).
         """
-        cfg = config or self.config
+        cfg, index = config or self.config, self.index
         queries = _check_queries(queries)
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
                             query_entities=query_entities)
         hits = self.to_hits(ranking)
         if ranking.failed:
             raise QueryFailure(ranking.failed, hits)
-        out: list[QueryExplanation] = []
-        for a, b in spans(len(queries), explain.query_chunk(self.index, top_k, cfg)):
-            ents = None if query_entities is None else list(query_entities[a:b])
-            out += self._explain_chunk(queries[a:b], hits[a:b], ranking, a, mode, cfg, ents)
-        return out
-
-    def _explain_chunk(self, queries: list[str], hits: list[list[Hit]], ranking: Ranking,
-                       a: int, mode: str, cfg: RetrievalConfig,
-                       ents: list[Sequence[str]] | None) -> list[QueryExplanation]:
-        """explain() for queries a..a+c-1: each mode's inputs recomputed as `rank` computes
-        them, handed to hippo_gpu.explain with a float64 all-node solver of the graph."""
-        index, b = self.index, a + len(queries)
-        bound = ranking.ppr.bound[a:b] if ranking.ppr is not None else torch.zeros(b - a)
-        if mode == "hipporag1" and ents is not None:
+        bound = ranking.ppr.bound if ranking.ppr is not None else torch.zeros(len(queries))
+        if mode == "hipporag1" and query_entities is not None and index.passage_keys:
             graph = self._hipporag1 = self._hipporag1 or hipporag1.build_v1_graph(index)
             solver = self._explain_solver(cfg, graph.adjacency, "v1")
-            return explain.explain_hipporag1(index, graph, solver, queries, hits, ents,
-                                             self.encoder.encode, bound, cfg)
+            return explain.explain_hipporag1(index, graph, solver, queries, hits,
+                                             query_entities, self.encoder.encode, bound, cfg)
+        # what rank computes once per batch: the query vectors and hybrid's linked entities
         e_pass, e_fact = self.encode_queries(queries)
+        linked = None
+        if mode == "hybrid" and cfg.hybrid_entity_weight > 0 and len(index.facts) > 0:
+            linked = self._link_entities(query_entities or heuristic_entities(queries), cfg)
+        out: list[QueryExplanation] = []
+        for a, b in spans(len(queries), explain.query_chunk(index, top_k, cfg)):
+            out += self._explain_chunk(queries[a:b], hits[a:b], e_pass[a:b], e_fact[a:b],
+                                       ranking, bound[a:b], a, mode, cfg, linked)
+        return out
+
+    def _explain_chunk(self, queries: list[str], hits: list[list[Hit]], e_pass: Tensor,
+                       e_fact: Tensor, ranking: Ranking, bound: Tensor, a: int, mode: str,
+                       cfg: RetrievalConfig, linked: tuple[Tensor, Tensor] | None
+                       ) -> list[QueryExplanation]:
+        """explain() for queries a..a+c-1 of dense, hipporag2 and hybrid: their inputs
+        recomputed as `rank` computes them, handed to hippo_gpu.explain."""
+        index, b = self.index, a + len(queries)
         cos = self._passage_cos(e_pass)
         if mode == "dense" or len(index.facts) == 0:
             return explain.explain_dense(index, queries, hits, cos, mode)
@@ -341,9 +346,8 @@ class Searcher:
             solution = iterate_chunk(index, self._solver(cfg), cand_rows, cand_scores, kept,
                                      dense, cos, cfg, hybrid=True)
             ppr, bound = solution.scores.T, solution.bound.cpu().double()
-            if cfg.hybrid_entity_weight > 0:
-                linked = self._link_entities(ents or heuristic_entities(queries), cfg)
-                entity = self._entity_doc(*linked, 0, len(queries), cfg)[:2]
+            if linked is not None:
+                entity = self._entity_doc(*linked, a, b, cfg)[:2]
         pushed = None if ranking.ppr is None or ranking.ppr.pushed is None else \
             ranking.ppr.pushed[a:b]
         inp = explain.GraphQueries(queries, hits, cand_rows, cand_scores, kept, cos, e_pass,
