@@ -154,14 +154,12 @@ class QueryExplanation:
 def explanation_dict(e: QueryExplanation, passage_keys: Sequence[str],
                      passage_titles: Sequence[str],
                      passage_texts: Sequence[str] | None = None) -> dict[str, Any]:
-    """``e`` as JSON-ready dicts: passages by key and title (and text, when given), floats
-    finite. The one JSON form of an explanation."""
+    """``e`` as JSON-ready dicts: passages by key and title (a hit also by its text, when
+    ``passage_texts`` is given), non-finite floats as None. The one JSON form of an
+    explanation."""
 
     def passage(row: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"key": passage_keys[row], "title": passage_titles[row]}
-        if passage_texts is not None:
-            out["text"] = passage_texts[row]
-        return out
+        return {"key": passage_keys[row], "title": passage_titles[row]}
 
     def fact(f: SeedFact) -> dict[str, Any]:
         return {"row": f.row, "fact": list(f.fact), "score": _num(f.score)}
@@ -169,8 +167,9 @@ def explanation_dict(e: QueryExplanation, passage_keys: Sequence[str],
     def hit(h: HitExplanation) -> dict[str, Any]:
         d = h.dense
         fu = h.fusion
+        text = {} if passage_texts is None else {"text": passage_texts[h.hit.row]}
         return {
-            **passage(h.hit.row), "score": _num(h.hit.score), "rank": h.hit.rank,
+            **passage(h.hit.row), **text, "score": _num(h.hit.score), "rank": h.hit.rank,
             "value": _num(h.value), "total": _num(h.total), "bound": _num(h.bound),
             "offset": _num(h.offset),
             "seeds": [{"phrase": s.phrase, "node": s.node, "contribution": _num(s.contribution),

@@ -50,6 +50,8 @@ class ServerConfig:
             authentication.
         mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
             (ImportError without it), False never.
+        ui: serve the explorer page at /ui (its static files; every request it makes goes to
+            /v1/*, behind the token).
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -57,6 +59,7 @@ class ServerConfig:
     limits: QueryLimits = dataclasses.field(default_factory=QueryLimits)
     token: str | None = dataclasses.field(default=None, repr=False)
     mcp: bool | None = None
+    ui: bool = True
 
     def __post_init__(self) -> None:
         _check_positive("max_queries_per_request", self.max_queries_per_request)
