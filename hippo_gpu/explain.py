@@ -71,6 +71,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hippo_gpu.blockwise import spans
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.explanation import (
@@ -84,15 +85,16 @@ from hippo_gpu.explanation import (
     SeedContribution,
     SeedFact,
 )
-from hippo_gpu.hipporag1 import V1Graph, flatten_entities, link_entities
+from hippo_gpu.hipporag1 import V1Graph
 from hippo_gpu.hybrid import fusion_ranks, fusion_terms
 from hippo_gpu.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolver
-from hippo_gpu.results import Hit
-from hippo_gpu.seeds import NODE_VECTORS, phrase_seeds, plan_chunks, reset_vectors
+from hippo_gpu.results import Hit, Ranking
+from hippo_gpu.seeds import NODE_VECTORS, phrase_seeds, reset_vectors
 
-__all__ = ["BRIDGES", "PHRASE_PASSAGES", "GraphQueries", "explain_dense", "explain_graph",
-           "explain_hipporag1", "explain_solver", "query_chunk"]
+__all__ = ["BRIDGES", "PHRASE_PASSAGES", "Capture", "GraphQueries", "explain_dense",
+           "explain_graph", "explain_hipporag1", "explain_ranking", "explain_solver",
+           "query_chunk"]
 
 BRIDGES = 5  # bridges kept per (hit, seed)
 PHRASE_PASSAGES = 50  # passages listed per phrase
@@ -146,6 +148,90 @@ class GraphQueries:
     pushed: Tensor | None = None
     ppr: Tensor | None = None
     entity: tuple[Tensor, Tensor] | None = None
+
+
+class Capture:
+    """What `explain_ranking` reads of one ranking, recorded by `Searcher.rank` as it computes
+    it, so that the decomposition is of exactly the ranking's inputs (the same query vectors,
+    candidate facts, cosines, hybrid PPR and entity ranking; nothing is recomputed). With
+    ``record=False`` (every plain `rank` call) each method only passes its value through."""
+
+    def __init__(self, record: bool = True) -> None:
+        self.record = record
+        self.e_pass: Tensor | None = None  # [Q, D] query vectors
+        self.cos_parts: list[Tensor] = []  # per chunk [c, P] query-passage cosines
+        self.ppr_parts: list[Tensor] = []  # hybrid: per chunk [c, P] PPR at the passages
+        self.entity_parts: list[tuple[Tensor, Tensor]] = []  # hybrid: entity_doc per chunk
+        self.cand: tuple[Tensor, Tensor, Tensor] | None = None  # [Q, L] rows, scores, kept
+        self.v1_graph: V1Graph | None = None  # hipporag1: the graph, linked rows, owners
+        self.v1_rows: Tensor | None = None
+        self.v1_owner: Tensor | None = None
+
+    def cos(self, cos: Tensor) -> Tensor:
+        if self.record:
+            self.cos_parts.append(cos)
+        return cos
+
+    def ppr(self, ppr: Tensor | None) -> None:
+        if self.record and ppr is not None:
+            self.ppr_parts.append(ppr)
+
+    def entity(self, entity: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        if self.record:
+            self.entity_parts.append(entity)
+        return entity
+
+    def facts(self, rows: Tensor, scores: Tensor, kept: Tensor) -> None:
+        if self.record:
+            self.cand = (rows, scores, kept)
+
+    def v1(self, graph: V1Graph | None, rows: Tensor, owner: Tensor) -> None:
+        if self.record:
+            self.v1_graph, self.v1_rows, self.v1_owner = graph, rows, owner
+
+
+SolverOf = Callable[[RetrievalConfig, Tensor, str], PPRSolver]  # (cfg, adjacency, name)
+
+
+def explain_ranking(index: Index, queries: list[str], hits: list[list[Hit]], ranking: Ranking,
+                    capture: Capture, mode: str, cfg: RetrievalConfig, top_k: int,
+                    query_entities: Sequence[Sequence[str]] | None,
+                    solver_of: SolverOf) -> list[QueryExplanation]:
+    """The explanation of every query of a ranking from what its `rank` recorded.
+
+    Args:
+        solver_of: the Searcher's cache of `explain_solver`s, by (cfg, adjacency, name).
+    """
+    q = len(queries)
+    if not capture.cos_parts and capture.v1_graph is None:  # nothing ran: no passage
+        return [QueryExplanation(text, mode, (), (), (), 0.0, False, ()) for text in queries]
+    bound = ranking.ppr.bound if ranking.ppr is not None else torch.zeros(q, dtype=torch.float64)
+    if mode == "hipporag1" and capture.v1_graph is not None and capture.v1_rows is not None \
+            and capture.v1_owner is not None:
+        graph = capture.v1_graph
+        return explain_hipporag1(index, graph, solver_of(cfg, graph.adjacency, "v1"), queries,
+                                 hits, query_entities or [[] for _ in queries], capture.v1_rows,
+                                 capture.v1_owner, bound, ppr_dtype(cfg))
+    cos = torch.cat(capture.cos_parts)  # [Q, P]
+    if capture.cand is None or capture.e_pass is None:  # the dense ranking answered
+        return explain_dense(index, queries, hits, cos, mode)
+    rows, scores, kept = capture.cand
+    ppr = torch.cat(capture.ppr_parts) if capture.ppr_parts else None
+    entity = None
+    if capture.entity_parts:
+        entity = (torch.cat([d for d, _ in capture.entity_parts]),
+                  torch.cat([h for _, h in capture.entity_parts]))
+    pushed = None if ranking.ppr is None else ranking.ppr.pushed
+    solver = solver_of(cfg, index.adjacency, "graph")
+    out: list[QueryExplanation] = []
+    for a, b in spans(q, query_chunk(index, top_k, cfg)):
+        inp = GraphQueries(
+            queries[a:b], hits[a:b], rows[a:b], scores[a:b], kept[a:b], cos[a:b],
+            capture.e_pass[a:b], ranking.dense_fallback[a:b], bound[a:b], ppr_dtype(cfg),
+            None if pushed is None else pushed[a:b], None if ppr is None else ppr[a:b],
+            None if entity is None else (entity[0][a:b], entity[1][a:b]))
+        out += explain_graph(index, solver, inp, cfg, mode)
+    return out
 
 
 class _Graph:
@@ -408,25 +494,20 @@ def explain_dense(index: Index, queries: Sequence[str], hits: Sequence[Sequence[
 
 def explain_hipporag1(index: Index, graph: V1Graph, solver: PPRSolver, queries: Sequence[str],
                       hits: Sequence[Sequence[Hit]], query_entities: Sequence[Sequence[str]],
-                      encode: Callable[[list[str]], Tensor], score_bound: Tensor,
-                      cfg: RetrievalConfig) -> list[QueryExplanation]:
+                      phrase_rows: Tensor, owner: Tensor, score_bound: Tensor,
+                      score_dtype: torch.dtype) -> list[QueryExplanation]:
     """Decompose HippoRAG 1 hits by (E3) (module docstring).
 
     Args:
         graph: the Searcher's V1Graph; solver: `explain_solver` of ``graph.adjacency``.
-        query_entities: the entities of each query, linked again as the search links them
-            (``encode``: texts -> [E, D] vectors with the index's encoder).
+        query_entities: the entities of each query, as given; phrase_rows, owner: [E] the
+            phrase each (flattened) entity was linked to and its query row, as rank linked them.
         score_bound: [c] the search's certified L1 bound of each query's PPR.
+        score_dtype: the dtype the search's PPR ran in.
     """
-    texts, owner = flatten_entities(query_entities)
-    given = [e for ents in query_entities for e in ents]  # as the caller spelled them
-    phrase_rows = torch.zeros(0, dtype=torch.int64)
-    if texts and len(index.phrases):
-        plan = plan_chunks(index, len(queries), cfg, num_entities=len(texts))
-        phrase_rows = link_entities(encode(texts), index.phrase_emb, plan.phrase_rows)
-    score_dtype = ppr_dtype(cfg)
+    given = [e for ents in query_entities for e in ents]
     m, p = graph.num_phrases, graph.num_passages
-    rows, own = phrase_rows.cpu().numpy(), np.asarray(owner, dtype=np.int64)
+    rows, own = phrase_rows.cpu().numpy(), owner.cpu().numpy()
     seeds_of = [np.unique(rows[own == q]) for q in range(len(queries))]
     seed_nodes = np.unique(np.concatenate(seeds_of)) if seeds_of else np.zeros(0, np.int64)
     dev = graph.adjacency.device

@@ -41,13 +41,14 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor
 
-from hippo_gpu import explain, hipporag1
+from hippo_gpu import hipporag1
 from hippo_gpu.blockwise import scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig, solver_method
 from hippo_gpu.data import Triple
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.explain import Capture, explain_ranking, explain_solver
 from hippo_gpu.explanation import QueryExplanation
 from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
@@ -299,67 +300,29 @@ class Searcher:
         """Why each hit ranked where it did: `retrieve`'s hits, each score split exactly into
         one term per seed, one for the dense passage prior and (hipporag1) the min-max shift,
         within each hit's certified ``bound`` (hippo_gpu.explain states and proves it). The
-        seeds' and hits' PPR columns are solved in float64, for these queries only.
+        ranking's own inputs are decomposed (`rank` records them); the seeds' and hits' PPR
+        columns are solved in float64, for these queries only.
 
         Raises:
-            QueryFailure: as `retrieve` (some query's PPR is uncertified).
+            QueryFailure: as `retrieve` (some query's PPR is uncertified); it also carries
+                every query's explanation (``explanations``; a failed one without hits).
         """
-        cfg, index = config or self.config, self.index
-        queries = _check_queries(queries)
+        cfg = config or self.config
+        capture = Capture()
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
-                            query_entities=query_entities)
+                            query_entities=query_entities, capture=capture)
         hits = self.to_hits(ranking)
+        out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode, cfg,
+                              top_k, query_entities, self._explain_solver)
         if ranking.failed:
-            raise QueryFailure(ranking.failed, hits)
-        bound = ranking.ppr.bound if ranking.ppr is not None else torch.zeros(len(queries))
-        if mode == "hipporag1" and query_entities is not None and index.passage_keys:
-            graph = self._hipporag1 = self._hipporag1 or hipporag1.build_v1_graph(index)
-            solver = self._explain_solver(cfg, graph.adjacency, "v1")
-            return explain.explain_hipporag1(index, graph, solver, queries, hits,
-                                             query_entities, self.encoder.encode, bound, cfg)
-        # what rank computes once per batch: the query vectors and hybrid's linked entities
-        e_pass, e_fact = self.encode_queries(queries)
-        linked = None
-        if mode == "hybrid" and cfg.hybrid_entity_weight > 0 and len(index.facts) > 0:
-            linked = self._link_entities(query_entities or heuristic_entities(queries), cfg)
-        out: list[QueryExplanation] = []
-        for a, b in spans(len(queries), explain.query_chunk(index, top_k, cfg)):
-            out += self._explain_chunk(queries[a:b], hits[a:b], e_pass[a:b], e_fact[a:b],
-                                       ranking, bound[a:b], a, mode, cfg, linked)
+            raise QueryFailure(ranking.failed, hits, explanations=out)
         return out
-
-    def _explain_chunk(self, queries: list[str], hits: list[list[Hit]], e_pass: Tensor,
-                       e_fact: Tensor, ranking: Ranking, bound: Tensor, a: int, mode: str,
-                       cfg: RetrievalConfig, linked: tuple[Tensor, Tensor] | None
-                       ) -> list[QueryExplanation]:
-        """explain() for queries a..a+c-1 of dense, hipporag2 and hybrid: their inputs
-        recomputed as `rank` computes them, handed to hippo_gpu.explain."""
-        index, b = self.index, a + len(queries)
-        cos = self._passage_cos(e_pass)
-        if mode == "dense" or len(index.facts) == 0:
-            return explain.explain_dense(index, queries, hits, cos, mode)
-        link_k = cfg.hybrid_linking_top_k if mode == "hybrid" else cfg.linking_top_k
-        cand_scores, cand_rows, kept, _ = self._candidate_facts(
-            queries, e_fact, link_k, cfg, _Clock(index.device), None)
-        dense, ppr, entity = ranking.dense_fallback[a:b], None, None
-        if mode == "hybrid":  # the PPR ranking's input and the entity ranking, as in rank
-            solution = iterate_chunk(index, self._solver(cfg), cand_rows, cand_scores, kept,
-                                     dense, cos, cfg, hybrid=True)
-            ppr, bound = solution.scores.T, solution.bound.cpu().double()
-            if linked is not None:
-                entity = self._entity_doc(*linked, a, b, cfg)[:2]
-        pushed = None if ranking.ppr is None or ranking.ppr.pushed is None else \
-            ranking.ppr.pushed[a:b]
-        inp = explain.GraphQueries(queries, hits, cand_rows, cand_scores, kept, cos, e_pass,
-                                   dense, bound, ppr_dtype(cfg), pushed, ppr, entity)
-        solver = self._explain_solver(cfg, index.adjacency, "graph")
-        return explain.explain_graph(index, solver, inp, cfg, mode)
 
     def _explain_solver(self, cfg: RetrievalConfig, adjacency: Tensor, name: str) -> PPRSolver:
         """explain's float64 all-node solver of the index graph or the v1 phrase graph."""
         key = ("explain", name, cfg.damping, cfg.ppr_max_iter)
         if key not in self._solvers:
-            self._solvers[key] = explain.explain_solver(adjacency, cfg)
+            self._solvers[key] = explain_solver(adjacency, cfg)
         return self._solvers[key]
 
     def seed_facts(self, ranking: Ranking) -> list[list[Triple]]:
@@ -392,11 +355,13 @@ class Searcher:
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,
         query_emb: Tensor | None = None,
+        capture: Capture | None = None,
     ) -> Ranking:
         """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
 
         `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
-        vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
+        vectors (hipporag2/hybrid/dense with one instruction for facts and passages). `capture`
+        records the tensors behind the ranking for `explain`.
 
         Never raises for an uncertified PPR column: that query is listed in ``failed`` (with
         its bound in ``ppr_bound``) and the other queries are answered.
@@ -413,22 +378,24 @@ class Searcher:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
         clock = _Clock(index.device, sync=self.profile)
+        capture = capture or Capture(record=False)
         if mode == "hipporag1":
-            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock)
+            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock, capture)
         e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
         clock.lap("encode")
+        capture.e_pass = e_pass if capture.record else None
         if mode == "dense" or len(index.facts) == 0:  # no facts: upstream answers dense
-            return self._rank_dense(e_pass, top_k, cfg, clock)
+            return self._rank_dense(e_pass, top_k, cfg, clock, capture)
         return self._rank_graph(queries, e_pass, e_fact, top_k, mode == "hybrid", cfg, clock,
-                                fact_filter, query_entities)
+                                fact_filter, query_entities, capture)
 
     def _rank_dense(self, e_pass: Tensor, top_k: int, cfg: RetrievalConfig,
-                    clock: _Clock) -> Ranking:
+                    clock: _Clock, capture: Capture) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
         q = e_pass.shape[0]
         parts = []
         for a, b in spans(q, plan_chunks(self.index, q, cfg).query_cols):
-            dense = minmax_rows(self._passage_cos(e_pass[a:b]))  # [c, P]
+            dense = minmax_rows(capture.cos(self._passage_cos(e_pass[a:b])))  # [c, P]
             clock.lap("dense")
             parts.append(topk_stable(dense, top_k))
             clock.lap("rank")
@@ -454,7 +421,8 @@ class Searcher:
     def _rank_graph(self, queries: list[str], e_pass: Tensor, e_fact: Tensor, top_k: int,
                     hybrid: bool, cfg: RetrievalConfig, clock: _Clock,
                     fact_filter: FactFilter | None,
-                    query_entities: Sequence[Sequence[str]] | None) -> Ranking:
+                    query_entities: Sequence[Sequence[str]] | None,
+                    capture: Capture) -> Ranking:
         """hipporag2 / hybrid: kept facts -> reset vectors -> PPR (-> fusion), per chunk."""
         index, q = self.index, len(queries)
         link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
@@ -473,7 +441,7 @@ class Searcher:
         parts = []
         linear = None if hybrid else self._linear(cfg)
         for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
-            cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
+            cos = capture.cos(self._passage_cos(e_pass[a:b]))  # [c, P] query-passage cosine
             clock.lap("dense")
             rows = query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1)
             if linear is not None:
@@ -488,7 +456,9 @@ class Searcher:
                                          hybrid=hybrid, lap=clock.lap)
                 clock.lap("ppr")
             report.record(solution, rows)
-            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report)
+            capture.ppr(solution.scores.T if hybrid else None)
+            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report,
+                                       capture)
             if hybrid:
                 clock.lap("entities")
             final = torch.where(fallback[a:b].unsqueeze(1), minmax_rows(cos).to(final.dtype),
@@ -496,6 +466,7 @@ class Searcher:
             parts.append(topk_stable(final, top_k))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
+        capture.facts(cand_rows, cand_scores, kept)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
 
@@ -513,7 +484,7 @@ class Searcher:
 
     def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,
-                      cfg: RetrievalConfig, report: PPRReport) -> Tensor:
+                      cfg: RetrievalConfig, report: PPRReport, capture: Capture) -> Tensor:
         """[c, P] final scores of query columns a..b-1 from their PPR at the passage nodes:
         the raw PPR (hipporag2), or its fusion with the dense and entity rankings (hybrid)."""
         if not hybrid:
@@ -521,7 +492,7 @@ class Searcher:
         entity = None
         if linked is not None:
             doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
-            entity = (doc, has_ent)
+            entity = capture.entity((doc, has_ent))
             if phrase_solution is not None:
                 report.record(phrase_solution,
                               torch.arange(a, b).masked_fill(~has_ent.cpu(), -1))
@@ -594,7 +565,7 @@ class Searcher:
 
     def _rank_hipporag1(self, queries: list[str],
                         query_entities: Sequence[Sequence[str]] | None, top_k: int,
-                        cfg: RetrievalConfig, clock: _Clock) -> Ranking:
+                        cfg: RetrievalConfig, clock: _Clock, capture: Capture) -> Ranking:
         """Legacy HippoRAG 1 ranking (hippo_gpu.hipporag1, eqs. 1-2): entities -> nearest
         phrase by the index encoder's cosine -> specificity-weighted PPR on the v1 phrase graph
         -> minmax(D FP x). A query without entities gets uniform scores 1/P (row order), as v1
@@ -621,6 +592,7 @@ class Searcher:
         if key not in self._solvers:
             self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
         own = torch.tensor(owner, dtype=torch.int64, device=dev)
+        capture.v1(self._hipporag1, rows, own)
         parts = []
         no_fallback = torch.zeros(len(queries), dtype=torch.bool, device=dev)
         report = PPRReport.empty(len(queries))

@@ -86,6 +86,9 @@ def serve(
     mcp: bool | None = typer.Option(
         None, "--mcp/--no-mcp", help="MCP tools at /mcp (default: when the mcp extra is installed)"
     ),
+    ui: bool = typer.Option(
+        True, "--ui/--no-ui", help="the explorer page at /ui (its requests carry the token)"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
     ray: str | None = typer.Option(
         None, "--ray", metavar="ADDRESS|local",
@@ -96,8 +99,8 @@ def serve(
     cpus_per_replica: float = typer.Option(1.0, min=0.0, help="--ray: Ray CPUs per replica"),
     gpus_per_replica: float = typer.Option(0.0, min=0.0, help="--ray: GPUs per replica"),
 ) -> None:
-    """Serve POST /v1/retrieve, /v1/stats, /v1/indexes, /metrics, /mcp, /healthz, /readyz and
-    /docs for one or several indexes."""
+    """Serve POST /v1/retrieve, /v1/explain, /v1/stats, /v1/indexes, /metrics, /mcp, /ui,
+    /healthz, /readyz and /docs for one or several indexes."""
     import uvicorn
 
     from hippo_gpu.searcher_spec import SearcherSpec
@@ -119,6 +122,7 @@ def serve(
                                max_entity_chars=max_entity_chars, max_top_k=max_top_k),
             token=token,
             mcp=mcp,
+            ui=ui,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

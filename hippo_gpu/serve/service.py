@@ -34,7 +34,7 @@ import torch
 
 from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.explanation import QueryExplanation, explanation_dict
+from hippo_gpu.explanation import explanation_dict
 from hippo_gpu.results import Hit, QueryFailure
 from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import (
@@ -199,31 +199,23 @@ class _SearcherAdapter:
 def _explain(searcher: Searcher, texts: list[str], entities: list[list[str]] | None,
              key: BatchKey) -> list[Answer]:
     """An explain batch: `Searcher.explain` on the queries; a query whose PPR is uncertified
-    gets its error and the others are explained without it."""
+    gets its error, the others their explanation."""
     index = searcher.index
     failed: dict[int, str] = {}
-    rows = list(range(len(texts)))
-    explained: list[QueryExplanation] = []
-    while rows:
-        try:
-            explained = searcher.explain(
-                [texts[i] for i in rows], top_k=key.top_k, mode=key.mode,
-                query_entities=None if entities is None else [entities[i] for i in rows])
-            break
-        except QueryFailure as failure:
-            failed.update({rows[j]: why for j, why in failure.failures.items()})
-            rows = [r for j, r in enumerate(rows) if j not in failure.failures]
-    by_row = dict(zip(rows, explained, strict=True))
-    answers = []
-    for i in range(len(texts)):
-        ex = by_row.get(i)
-        if ex is None:
-            answers.append(Answer([], None, failed[i]))
-            continue
-        hits = [hit_dict(h.hit, index.passage_texts) for h in ex.hits]
-        answers.append(Answer(hits, None, None, explanation_dict(
-            ex, index.passage_keys, index.passage_titles, index.passage_texts)))
-    return answers
+    try:
+        explained = searcher.explain(texts, top_k=key.top_k, mode=key.mode,
+                                     query_entities=entities)
+    except QueryFailure as e:
+        explained, failed = e.explanations or [], e.failures
+    if len(explained) != len(texts):
+        raise BatchOutputError(f"explain returned {len(explained)} answers for {len(texts)}")
+    return [
+        Answer([], None, failed[i]) if i in failed else
+        Answer([hit_dict(h.hit, index.passage_texts) for h in ex.hits], None, None,
+               explanation_dict(ex, index.passage_keys, index.passage_titles,
+                                index.passage_texts))
+        for i, ex in enumerate(explained)
+    ]
 
 
 def hit_dict(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
