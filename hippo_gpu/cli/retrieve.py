@@ -26,6 +26,10 @@ def retrieve(
     part_size: int = typer.Option(4096, min=1, help="rows per committed output part"),
     skip_bad: bool = typer.Option(False, help="record malformed rows in OUT.bad.jsonl instead "
                                               "of stopping at the first"),
+    explain: bool = typer.Option(False, "--explain",
+                                 help="add each hit's score split by seed (columns seeds, "
+                                      "contributions, dense, offset, value, bound, "
+                                      "fused_ranks; hippo_gpu.batch)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     precision: str = typer.Option("float32", help="float32 | float16 | bfloat16"),
     threads: int | None = typer.Option(None, help="CPU threads (with --ray: per worker)"),
@@ -53,6 +57,8 @@ def retrieve(
         spec = SearcherSpec(index, device=device, precision=precision, threads=threads)
     except ValueError as e:
         fail(str(e))
+    if ray is not None and explain:
+        fail("--explain runs locally: drop --ray")
     if ray is not None:
         _retrieve_ray(ray, spec, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
                       part_size=part_size, skip_bad=skip_bad, workers=workers,
@@ -61,7 +67,8 @@ def retrieve(
     try:
         searcher = spec.open()
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
-                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad)
+                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
+                               explain=explain)
     except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "

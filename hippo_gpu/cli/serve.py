@@ -164,6 +164,8 @@ def serve(
         app = create_app(holders, config)
     except ImportError as e:  # --mcp without the mcp extra
         raise typer.BadParameter(str(e)) from e
+    if ui:
+        typer.echo(f"explorer page: http://{host}:{port}/ui/", err=True)
     # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
     # app's lifespan drains the batcher.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
