@@ -104,10 +104,10 @@ U32 = 2.0 ** -24
 
 
 def explain_solver(adjacency: Tensor, cfg: RetrievalConfig) -> PPRSolver:
-    """The float64 PPR of ``adjacency`` at every node, certified to the float64 default tol:
+    """The float64 PPR of ``adjacency`` at every node, certified to the float64 default tol
+    within the default step cap (not the search's: these columns are the decomposition's own):
     the solver of the decomposition's columns."""
-    return PPRSolver(adjacency, damping=cfg.damping, dtype=torch.float64, method="chebyshev",
-                     max_iter=cfg.ppr_max_iter)
+    return PPRSolver(adjacency, damping=cfg.damping, dtype=torch.float64, method="chebyshev")
 
 
 def query_chunk(index: Index, top_k: int, cfg: RetrievalConfig) -> int:
@@ -312,14 +312,15 @@ def explain_graph(index: Index, solver: PPRSolver, inp: GraphQueries, cfg: Retri
                                      link_k)
     sq, sp = seed_q.cpu().numpy(), seed_p.cpu().numpy()  # [S] query and phrase row of a seed
     graph_q = np.flatnonzero(~inp.dense_answer.cpu().numpy())  # the queries PPR answered
-    mine = np.isin(sq, graph_q)
+    mine = np.isin(sq, [q for q in graph_q if inp.hits[q]])  # seeds that reach a hit
     seed_nodes = np.unique(sp[mine])
     hit_rows = np.unique([h.row for q in graph_q for h in inp.hits[q]]).astype(np.int64)
     passage_nodes = index.passage_nodes.cpu().numpy()
     prior = torch.zeros((n, len(graph_q)), dtype=torch.float64, device=dev)  # [N, g] m
     pn = index.passage_nodes.to(dev)
     prior[pn] = reset[pn][:, torch.as_tensor(graph_q, dtype=torch.int64, device=dev)]
-    has_prior = (prior.sum(dim=0) > 0).cpu().numpy()
+    has_prior = (prior.sum(dim=0) > 0).cpu().numpy() & np.array(
+        [bool(inp.hits[q]) for q in graph_q], dtype=bool)  # solved only for a query with hits
     columns = torch.cat([_unit_columns(n, seed_nodes, dev),
                          _unit_columns(n, passage_nodes[hit_rows], dev),
                          prior[:, torch.as_tensor(np.flatnonzero(has_prior), device=dev)]],
@@ -356,10 +357,11 @@ def explain_graph(index: Index, solver: PPRSolver, inp: GraphQueries, cfg: Retri
         sigma = math.fsum((w * g.keep[nodes]).tolist() + (m * g.keep[passage_nodes]).tolist())
         a_seed = w * g.keep[nodes] / sigma
         a_prior = math.fsum((m * g.keep[passage_nodes]).tolist()) / sigma
-        seed_cols = np.array([col_of_seed[int(v)] for v in nodes], dtype=np.int64)
+        seed_cols = np.array([col_of_seed.get(int(v), 0) for v in nodes], dtype=np.int64)
         pcol = int(prior_col[gi]) if has_prior[gi] else -1
-        decomp = float(a_seed @ eps[seed_cols]) + (a_prior * eps[pcol] if pcol >= 0 else 0.0)
         hits = []
+        decomp = 0.0 if not inp.hits[q] else float(a_seed @ eps[seed_cols]) + (
+            a_prior * eps[pcol] if pcol >= 0 else 0.0)
         for h in inp.hits[q]:
             node = int(passage_nodes[h.row])
             t_seed = a_seed * x[node, seed_cols]

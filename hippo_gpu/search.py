@@ -320,7 +320,7 @@ class Searcher:
 
     def _explain_solver(self, cfg: RetrievalConfig, adjacency: Tensor, name: str) -> PPRSolver:
         """explain's float64 all-node solver of the index graph or the v1 phrase graph."""
-        key = ("explain", name, cfg.damping, cfg.ppr_max_iter)
+        key = ("explain", name, cfg.damping)
         if key not in self._solvers:
             self._solvers[key] = explain_solver(adjacency, cfg)
         return self._solvers[key]
