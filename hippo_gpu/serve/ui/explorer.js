@@ -175,7 +175,9 @@
       }, el("span", { class: "hit-rank", text: `#${h.rank + 1}` }),
          el("span", { class: "hit-title", text: h.title }),
          el("span", { class: "hit-score", text: fmt(h.score) }));
-      hits.append(el("li", {}, button, el("p", { class: "hit-text", text: h.text })));
+      // the indexed text is "title\nbody": the title is already on the button
+      const body = h.text.startsWith(h.title + "\n") ? h.text.slice(h.title.length + 1) : h.text;
+      hits.append(el("li", {}, button, el("p", { class: "hit-text", text: body })));
     });
     const seeds = $("seeds");
     clear(seeds);
