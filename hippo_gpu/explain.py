@@ -44,12 +44,17 @@ y over the passages, R = hi − lo. By (E1) on W, y = Σ_e a_e B x̂_e, so
     score_p = Σ_e a_e (B x̂_e)_p / R  +  (−lo / R)                                        (E3)
 
 one term per seed and the min-max shift (``offset``). A seed's term is the finite sum over
-the passage's phrases v of B_pv a_e x̂_e[v] / R, its bridges (exact, no residual). If every y
-column is off by at most Δ in each entry (Δ = b_max Σ a_e ε_e for ours, b_max the largest
-entry of B, and the search's own b_max β plus its sparse product's rounding), then lo, hi and
-y_p are each off by Δ and |Σ terms − score| ≤ 4Δ / (R − 2Δ) (plus the search's 3 rounded min-
-max operations); R ≤ 2Δ gives no bound (inf). A zero range scores all ones (offset 1), a
-query without entities 1/P everywhere (offset 1/P).
+the passage's phrases v of B_pv a_e x̂_e[v] / R, its bridges (exact, no residual). Our y and the
+search's y' both approximate the exact y* = B x*: entry by entry, ours within b_max Σ a_e ε_e
+(b_max the largest entry of B; an L1 error of x moves an entry of B x by at most b_max times
+it), the search's within b_max β, each plus its sparse product's rounding. With Δ the sum, y and
+y' differ by at most Δ in every entry, hence also in their min and max, and
+
+    |(y_p − lo)/R − (y'_p − lo')/R'| ≤ (2Δ + 2Δ·score)/R' ≤ 4Δ / (R − 2Δ)
+
+(score ≤ 1, R' ≥ R − 2Δ), plus the search's three rounded min-max operations; R ≤ 2Δ gives no
+bound (inf). A zero range scores all ones (offset 1), a query without entities 1/P everywhere
+(offset 1/P).
 
 **hybrid**: the score is the sum of three reciprocal-rank terms of exact integer ranks
 (hippo_gpu.hybrid.fusion_terms, float64 in the fusion's own order: they sum to the score bit
@@ -57,8 +62,12 @@ for bit); ``value`` is then the passage's PPR probability, decomposed by (E1). *
 hipporag2 query with no kept fact (answered by the dense ranking): the score is the min-max
 cosine itself, one dense term.
 
-Cost: the seeds' unit columns, the hits' passage columns and one prior column per query,
-float64, only for the queries explained (`query_chunk` keeps them in the memory budget).
+What is decomposed is exactly what the ranking computed: `Searcher.rank` records its inputs
+(query vectors, candidate facts, cosines, hybrid's PPR and entity ranking, HippoRAG 1's linked
+phrases) in a `Capture`, and the reset vectors are rebuilt from them by the search's own
+functions (hippo_gpu.seeds.reset_vectors, in float64). Cost: the unit columns of the seeds of
+queries with hits, the hits' passage columns and one prior column per query, float64, solved
+for the explained queries only (`query_chunk` keeps them within RetrievalConfig.chunk_bytes).
 """
 
 from __future__ import annotations

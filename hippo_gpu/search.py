@@ -28,6 +28,9 @@ Modes:
                fusion of the PPR, dense and entity rankings
     hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
                phrase graph -> passage scores (needs query entities)
+
+`explain` answers like `retrieve` and splits each hit's score exactly into one term per seed
+and one for the dense prior (hippo_gpu.explain), from the inputs `rank` records for it.
 """
 
 from __future__ import annotations
