@@ -12,6 +12,7 @@ warm-up) as the commands do::
 from hippo_gpu.build import build_index
 from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.explanation import HitExplanation, QueryExplanation
 from hippo_gpu.index import Index, __version__
 from hippo_gpu.results import Hit, Ranking
 from hippo_gpu.search import Searcher
@@ -24,9 +25,11 @@ __all__ = [
     "GraphConfig",
     "HippoGpuError",
     "Hit",
+    "HitExplanation",
     "Index",
     "IndexConfig",
     "IndexWriter",
+    "QueryExplanation",
     "Ranking",
     "RetrievalConfig",
     "Searcher",

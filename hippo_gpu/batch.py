@@ -4,6 +4,13 @@ Input rows: {"id": str|int, "query": str, "entities": [str, ...] (optional)}, as
 Parquet. Output rows, in input order: {"id", "keys", "titles", "scores"}, as JSON Lines or
 Parquet (chosen by the file suffix; Parquet needs pyarrow, the `[parquet]` extra).
 
+With `explain`, each row also holds its hits' decomposition (`Searcher.explain`, columns
+EXPLAIN_COLUMNS): "seeds" [{phrase, weight, share}] of the query, and per hit (aligned with
+"keys") "contributions" (one term per seed, in "seeds" order), "dense" (the dense prior's
+term; null for hipporag1), "offset" (hipporag1's min-max shift), "value" (what the terms sum
+to: the score, or hybrid's PPR value), "bound" (|Σ terms − value| ≤ bound) and "fused_ranks"
+(hybrid: {ppr, dense, entity} 0-based ranks, entity -1 without an entity ranking; else null).
+
 Crash safety: the output is written as parts beside it (OUT.parts/part-NNNNNN.jsonl), one per
 `part_size` input rows, under the resumable-parts protocol of hippo_gpu.parts (shared with the
 Ray job): each part is committed atomically, so it is complete or absent; a `run.json` records
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,17 +44,20 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.explanation import QueryExplanation
 from hippo_gpu.ircot import IRCoTOptions, IRCoTResult, ircot_retrieve
 from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
+from hippo_gpu.results import QueryFailure
 from hippo_gpu.search import Searcher
 from hippo_gpu.store import write_atomic
 
-__all__ = ["BatchReport", "QueryRow", "answer_rows", "check_row", "read_query_rows",
-           "retrieve_file", "write_answers"]
+__all__ = ["EXPLAIN_COLUMNS", "BatchReport", "QueryRow", "answer_rows", "check_row",
+           "explain_columns", "read_query_rows", "retrieve_file", "write_answers"]
 
 RUN_FILE = "run.json"  # the run's identity, in OUT.parts (hippo_gpu.parts)
 PART = "part-{:06d}.jsonl"  # the committed answers of part_size input rows
+EXPLAIN_COLUMNS = ("seeds", "contributions", "dense", "offset", "value", "bound", "fused_ranks")
 
 
 @dataclass(frozen=True)
@@ -151,11 +162,12 @@ def _pyarrow_parquet() -> Any:
 
 
 def _run_identity(queries: Path, searcher: Searcher, mode: str, top_k: int,
-                  part_size: int, ircot: IRCoTOptions | None = None) -> dict[str, Any]:
+                  part_size: int, ircot: IRCoTOptions | None = None,
+                  explain: bool = False) -> dict[str, Any]:
     st = queries.stat()
     index = searcher.index
     return {"queries": str(queries.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "mode": mode, "top_k": top_k, "part_size": part_size,
+            "mode": mode, "top_k": top_k, "part_size": part_size, "explain": explain,
             "ircot": None if ircot is None else ircot.identity(),
             "index": str(index.path) if index.path else None, "index_version": index.version,
             "passages": len(index.passage_keys),
@@ -174,9 +186,10 @@ def retrieve_file(
     skip_bad: bool = False,
     show_progress: bool = True,
     ircot: IRCoTOptions | None = None,
+    explain: bool = False,
 ) -> BatchReport:
     """Answer every row of `queries` into `out` (see the module docstring; `ircot`: IRCoT
-    rows)."""
+    rows; `explain` adds the decomposition columns)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     if top_k < 1 or batch_size < 1 or part_size < 1:
@@ -188,7 +201,7 @@ def retrieve_file(
     if fmt == "parquet":
         _pyarrow_parquet()
     parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
-    identity = _run_identity(queries, searcher, mode, top_k, part_size, ircot)
+    identity = _run_identity(queries, searcher, mode, top_k, part_size, ircot, explain)
     if parts.resume(identity) is None:
         parts.start(identity)
     report = BatchReport()
@@ -207,7 +220,8 @@ def retrieve_file(
         if parts.path(part_no).exists():
             report.resumed += len(good) - len(_read_lines(failed_file))
         else:
-            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report, ircot)
+            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report, ircot,
+                                    explain)
             if failed:  # committed before its part, so a resumed run finds both
                 write_atomic(failed_file, "".join(failed))
             parts.commit(part_no, "".join(lines))
@@ -225,7 +239,7 @@ def retrieve_file(
         bad_file = out.with_name(out.name + ".bad.jsonl")
         write_atomic(bad_file, "".join([json.dumps(b) + "\n" for b in bad] + failed))
         report.bad_file = str(bad_file)
-    _join_parts(parts.in_order(part_no), out, fmt, ircot is not None)
+    _join_parts(parts.in_order(part_no), out, fmt, ircot is not None, explain)
     parts.remove()
     report.seconds = time.perf_counter() - start
     return report
@@ -233,12 +247,14 @@ def retrieve_file(
 
 def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_k: int,
                 batch_size: int, stage_seconds: dict[str, float] | None = None,
-                ircot: IRCoTOptions | None = None) -> list[dict[str, Any]]:
+                ircot: IRCoTOptions | None = None,
+                explain: bool = False) -> list[dict[str, Any]]:
     """The answers {"id", "keys", "titles", "scores"} to `rows`, in order. Rows with and
     without entities are batched apart (a query without entities uses the searcher's default
     for the mode). Stage times are added into `stage_seconds` when given. A row whose retrieval
     failed (hippo_gpu.results.Ranking.failed) has empty lists and an "error" saying why.
-    With `ircot`, each batch runs the IRCoT loop (see the module docstring)."""
+    With `ircot`, each batch runs the IRCoT loop (see the module docstring); with `explain`
+    the answers also hold the EXPLAIN_COLUMNS (`Searcher.explain`)."""
     out: dict[int, dict[str, Any]] = {}
     with_ents = [r for r in rows if r.entities is not None]
     without = [r for r in rows if r.entities is None]
@@ -250,8 +266,12 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
                 out.update(_answer_ircot(searcher, batch, ents, mode, top_k, ircot,
                                          stage_seconds))
                 continue
-            ranking = searcher.rank([r.query for r in batch], top_k=top_k, mode=mode,
-                                    query_entities=ents)
+            texts = [r.query for r in batch]
+            if explain:
+                for r, answer in zip(batch, _explained(searcher, texts, top_k, mode, ents)):
+                    out[r.index] = {"id": r.id, **answer}
+                continue
+            ranking = searcher.rank(texts, top_k=top_k, mode=mode, query_entities=ents)
             if stage_seconds is not None:
                 for k, v in ranking.stage_seconds.items():
                     stage_seconds[k] = stage_seconds.get(k, 0.0) + v
@@ -289,13 +309,58 @@ def _ircot_answer(row: QueryRow, res: IRCoTResult) -> dict[str, Any]:
     return answer
 
 
+def _explained(searcher: Searcher, texts: list[str], top_k: int, mode: str,
+               ents: list[list[str]] | None) -> list[dict[str, Any]]:
+    """{"keys", "titles", "scores", *EXPLAIN_COLUMNS} (or "error") of each query."""
+    failed: dict[int, str] = {}
+    try:
+        explained = searcher.explain(texts, top_k=top_k, mode=mode, query_entities=ents)
+    except QueryFailure as failure:
+        explained, failed = failure.explanations or [], failure.failures
+    out = []
+    for j, ex in enumerate(explained):
+        hits = [h.hit for h in ex.hits]
+        answer = {"keys": [h.key for h in hits], "titles": [h.title for h in hits],
+                  "scores": [h.score for h in hits], **explain_columns(ex)}
+        if j in failed:
+            answer["error"] = failed[j]
+        out.append(answer)
+    return out
+
+
+def explain_columns(e: QueryExplanation) -> dict[str, Any]:
+    """The EXPLAIN_COLUMNS of one query (module docstring): per hit, one term per seed in the
+    order of "seeds"."""
+    order = [s.phrase for s in e.seeds]
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    def terms(h: Any) -> list[float]:
+        by_phrase = {s.phrase: s.contribution for s in h.seeds}
+        return [by_phrase.get(p, 0.0) for p in order]
+
+    return {
+        "seeds": [{"phrase": s.phrase, "weight": s.weight, "share": s.share} for s in e.seeds],
+        "contributions": [terms(h) for h in e.hits],
+        "dense": [None if h.dense is None else h.dense.total for h in e.hits],
+        "offset": [h.offset for h in e.hits],
+        "value": [h.value for h in e.hits],
+        "bound": [finite(h.bound) for h in e.hits],
+        "fused_ranks": None if not e.hits or e.hits[0].fusion is None else [
+            {"ppr": h.fusion.ppr_rank, "dense": h.fusion.dense_rank,
+             "entity": -1 if h.fusion.entity_rank is None else h.fusion.entity_rank}
+            for h in e.hits if h.fusion is not None],
+    }
+
+
 def _answer(searcher: Searcher, rows: Sequence[QueryRow], mode: str, top_k: int,
-            batch_size: int, report: BatchReport, ircot: IRCoTOptions | None = None
-            ) -> tuple[list[str], list[str]]:
+            batch_size: int, report: BatchReport, ircot: IRCoTOptions | None = None,
+            explain: bool = False) -> tuple[list[str], list[str]]:
     """(JSON lines of the answers to `rows`, in order; JSON lines of the rows whose retrieval
     failed, {"row", "id", "error"}: they go to the side file, not the output)."""
     answers = answer_rows(searcher, rows, mode=mode, top_k=top_k, batch_size=batch_size,
-                          stage_seconds=report.stage_seconds, ircot=ircot)
+                          stage_seconds=report.stage_seconds, ircot=ircot, explain=explain)
     good = [json.dumps(a, ensure_ascii=False) + "\n" for a in answers if "error" not in a]
     failed = [json.dumps({"row": r.index, "id": r.id, "error": a["error"]},
                          ensure_ascii=False) + "\n"
@@ -316,9 +381,10 @@ def _failed_file(parts: RunParts, n: int) -> Path:
     return parts.path(n).with_suffix(".failed.jsonl")
 
 
-def _join_parts(paths: Sequence[Path], out: Path, fmt: str, ircot: bool = False) -> None:
+def _join_parts(paths: Sequence[Path], out: Path, fmt: str, ircot: bool = False,
+                explain: bool = False) -> None:
     """Write the JSON Lines parts `paths`, in order, to `out` atomically, in its format
-    (`ircot`: the Parquet schema has the IRCoT columns)."""
+    (`ircot`, `explain`: the Parquet schema has their columns)."""
     if fmt == "jsonl":
         def concatenate(tmp: Path) -> None:
             with tmp.open("w", encoding="utf-8") as f:
@@ -334,20 +400,30 @@ def _join_parts(paths: Sequence[Path], out: Path, fmt: str, ircot: bool = False)
             with path.open(encoding="utf-8") as g:
                 yield [json.loads(line) for line in g]
 
-    write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks(), ircot))
+    write_atomic(out, lambda tmp: _write_parquet_answers(tmp, chunks(), ircot, explain))
 
 
 def _write_parquet_answers(path: Path, chunks: Iterable[list[dict[str, Any]]],
-                           ircot: bool = False) -> None:
+                           ircot: bool = False, explain: bool = False) -> None:
     import pyarrow as pa
 
     pq = _pyarrow_parquet()
-    columns = [("id", pa.string()), ("keys", pa.list_(pa.string())),
-               ("titles", pa.list_(pa.string())), ("scores", pa.list_(pa.float64()))]
+    floats = pa.list_(pa.float64())
+    fields = [("id", pa.string()), ("keys", pa.list_(pa.string())),
+              ("titles", pa.list_(pa.string())), ("scores", floats)]
     if ircot:
-        columns += [("thoughts", pa.list_(pa.string())), ("steps", pa.int64()),
-                    ("stop", pa.string()), ("stop_error", pa.string())]
-    schema = pa.schema(columns)
+        fields += [("thoughts", pa.list_(pa.string())), ("steps", pa.int64()),
+                   ("stop", pa.string()), ("stop_error", pa.string())]
+    if explain:
+        fields += [
+            ("seeds", pa.list_(pa.struct([("phrase", pa.string()), ("weight", pa.float64()),
+                                          ("share", pa.float64())]))),
+            ("contributions", pa.list_(floats)), ("dense", floats), ("offset", floats),
+            ("value", floats), ("bound", floats),
+            ("fused_ranks", pa.list_(pa.struct([("ppr", pa.int64()), ("dense", pa.int64()),
+                                                ("entity", pa.int64())]))),
+        ]
+    schema = pa.schema(fields)
     with pq.ParquetWriter(path, schema) as writer:
         for rows in chunks:
             rows = [{**r, "id": str(r["id"])} for r in rows]

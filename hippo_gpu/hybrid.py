@@ -22,7 +22,8 @@ from hippo_gpu.ppr import PPRSolution, PPRSolver
 from hippo_gpu.ranking import minmax_rows, ranks_of
 from hippo_gpu.seeds import plan_chunks
 
-__all__ = ["entity_doc", "hybrid_fusion", "link_entities", "passage_phrase_incidence"]
+__all__ = ["entity_doc", "fusion_ranks", "fusion_terms", "hybrid_fusion", "link_entities",
+           "passage_phrase_incidence"]
 
 
 def hybrid_fusion(ppr: Tensor, cos: Tensor, cfg: RetrievalConfig,
@@ -32,21 +33,40 @@ def hybrid_fusion(ppr: Tensor, cos: Tensor, cfg: RetrievalConfig,
         score = (1 - e) w / (k + rank_ppr) + (1 - e)(1 - w) / (k + rank_dense)
                 + e / (k + rank_entity)
 
-    with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0. The
-    entity ranking is `entity_doc`'s (`entity` = its (scores, has_entities) for these queries,
-    None when e = 0); passages it scores 0 rank last, and a query with no entity uses its
-    dense ranking there.
+    with w = hybrid_weight, e = hybrid_entity_weight, k = hybrid_rrf_k, ranks from 0 (the terms:
+    `fusion_terms`; the ranks: `fusion_ranks`).
     """
-    w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
-    # float64 fusion of exact integer ranks: no rounding collapses two ranks for any P
-    rank_dense = ranks_of(cos).double()
-    final = (1 - e) * w / (k + ranks_of(ppr).double()) + (1 - e) * (1 - w) / (k + rank_dense)
-    if e > 0 and entity is not None:
+    ppr_term, dense_term, entity_term = fusion_terms(fusion_ranks(ppr, cos, cfg, entity), cfg)
+    final = ppr_term + dense_term
+    return final if entity_term is None else final + entity_term
+
+
+def fusion_ranks(ppr: Tensor, cos: Tensor, cfg: RetrievalConfig,
+                 entity: tuple[Tensor, Tensor] | None
+                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The 0-based int64 ranks [c, P] of every passage in the PPR, dense and entity rankings
+    (None: no entity ranking, e = 0 or `entity` None). The entity ranking is `entity_doc`'s
+    (`entity` = its (scores, has_entities) for these queries); passages it scores 0 rank last,
+    and a query with no entity uses its dense ranking there."""
+    rank_dense = ranks_of(cos)
+    rank_ent = None
+    if cfg.hybrid_entity_weight > 0 and entity is not None:
         doc, has_ent = entity
-        rank_ent = ranks_of(doc).masked_fill(doc <= 0, doc.shape[1]).double()
+        rank_ent = ranks_of(doc).masked_fill(doc <= 0, doc.shape[1])
         rank_ent = torch.where(has_ent.unsqueeze(1), rank_ent, rank_dense)
-        final = final + e / (k + rank_ent)
-    return final
+    return ranks_of(ppr), rank_dense, rank_ent
+
+
+def fusion_terms(ranks: tuple[Tensor, Tensor, Tensor | None], cfg: RetrievalConfig
+                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The float64 reciprocal-rank terms of `fusion_ranks`' ranks (the score is their sum, in
+    this order): float64 fusion of exact integer ranks, so no rounding collapses two ranks for
+    any P."""
+    w, e, k = cfg.hybrid_weight, cfg.hybrid_entity_weight, cfg.hybrid_rrf_k
+    rank_ppr, rank_dense, rank_ent = ranks
+    ppr_term = (1 - e) * w / (k + rank_ppr.double())
+    dense_term = (1 - e) * (1 - w) / (k + rank_dense.double())
+    return ppr_term, dense_term, None if rank_ent is None else e / (k + rank_ent.double())
 
 
 def link_entities(index: Index, query_entities: Sequence[Sequence[str]], cfg: RetrievalConfig,

@@ -5,7 +5,7 @@ recognition-memory filter protocol the Searcher accepts."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -130,13 +130,17 @@ class QueryFailure(ConvergenceError):
         failures: {query row: why}.
         hits: the answers of every query, [] for a failed one.
         seeds: the seed facts of every query (``return_seeds``), else None.
+        explanations: `Searcher.explain`'s answer for every query (a failed one without
+            hits), else None.
     """
 
     def __init__(self, failures: dict[int, str], hits: list[list[Hit]],
-                 seeds: list[list[Triple]] | None = None) -> None:
+                 seeds: list[list[Triple]] | None = None,
+                 explanations: list[Any] | None = None) -> None:
         rows = sorted(failures)
         super().__init__(f"{len(rows)} of {len(hits)} queries failed (rows {rows[:10]}): "
                          f"{failures[rows[0]]}", rows)
         self.failures = failures
         self.hits = hits
         self.seeds = seeds
+        self.explanations = explanations

@@ -28,6 +28,9 @@ Modes:
                fusion of the PPR, dense and entity rankings
     hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
                phrase graph -> passage scores (needs query entities)
+
+`explain` answers like `retrieve` and splits each hit's score exactly into one term per seed
+and one for the dense prior (hippo_gpu.explain), from the inputs `rank` records for it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from hippo_gpu.data import Triple
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.explain import Capture, explain_ranking, explain_solver
+from hippo_gpu.explanation import QueryExplanation
 from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
 from hippo_gpu.index import Index
 from hippo_gpu.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
@@ -318,6 +323,38 @@ class Searcher:
             return hits
         return hits, self.seed_facts(ranking)
 
+    def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str = "hipporag2",
+                config: RetrievalConfig | None = None,
+                query_entities: Sequence[Sequence[str]] | None = None
+                ) -> list[QueryExplanation]:
+        """Why each hit ranked where it did: `retrieve`'s hits, each score split exactly into
+        one term per seed, one for the dense passage prior and (hipporag1) the min-max shift,
+        within each hit's certified ``bound`` (hippo_gpu.explain states and proves it). The
+        ranking's own inputs are decomposed (`rank` records them); the seeds' and hits' PPR
+        columns are solved in float64, for these queries only.
+
+        Raises:
+            QueryFailure: as `retrieve` (some query's PPR is uncertified); it also carries
+                every query's explanation (``explanations``; a failed one without hits).
+        """
+        cfg = config or self.config
+        capture = Capture()
+        ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
+                            query_entities=query_entities, capture=capture)
+        hits = self.to_hits(ranking)
+        out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode, cfg,
+                              top_k, query_entities, self._explain_solver)
+        if ranking.failed:
+            raise QueryFailure(ranking.failed, hits, explanations=out)
+        return out
+
+    def _explain_solver(self, cfg: RetrievalConfig, adjacency: Tensor, name: str) -> PPRSolver:
+        """explain's float64 all-node solver of the index graph or the v1 phrase graph."""
+        key = ("explain", name, cfg.damping)
+        if key not in self._solvers:
+            self._solvers[key] = explain_solver(adjacency, cfg)
+        return self._solvers[key]
+
     def seed_facts(self, ranking: Ranking) -> list[list[Triple]]:
         """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
         if ranking.seed_facts is None:
@@ -348,11 +385,13 @@ class Searcher:
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,
         query_emb: Tensor | None = None,
+        capture: Capture | None = None,
     ) -> Ranking:
         """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
 
         `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
-        vectors (hipporag2/hybrid/dense with one instruction for facts and passages).
+        vectors (hipporag2/hybrid/dense with one instruction for facts and passages). `capture`
+        records the tensors behind the ranking for `explain`.
 
         Never raises for an uncertified PPR column: that query is listed in ``failed`` (with
         its bound in ``ppr_bound``) and the other queries are answered.
@@ -369,22 +408,24 @@ class Searcher:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
         clock = _Clock(index.device, sync=self.profile)
+        capture = capture or Capture(record=False)
         if mode == "hipporag1":
-            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock)
+            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock, capture)
         e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
         clock.lap("encode")
+        capture.e_pass = e_pass if capture.record else None
         if mode == "dense" or len(index.facts) == 0:  # no facts: upstream answers dense
-            return self._rank_dense(e_pass, top_k, cfg, clock)
+            return self._rank_dense(e_pass, top_k, cfg, clock, capture)
         return self._rank_graph(queries, e_pass, e_fact, top_k, mode == "hybrid", cfg, clock,
-                                fact_filter, query_entities)
+                                fact_filter, query_entities, capture)
 
     def _rank_dense(self, e_pass: Tensor, top_k: int, cfg: RetrievalConfig,
-                    clock: _Clock) -> Ranking:
+                    clock: _Clock, capture: Capture) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
         q = e_pass.shape[0]
         parts = []
         for a, b in spans(q, plan_chunks(self.index, q, cfg).query_cols):
-            dense = minmax_rows(self._passage_cos(e_pass[a:b]))  # [c, P]
+            dense = minmax_rows(capture.cos(self._passage_cos(e_pass[a:b])))  # [c, P]
             clock.lap("dense")
             parts.append(topk_stable(dense, top_k))
             clock.lap("rank")
@@ -410,7 +451,8 @@ class Searcher:
     def _rank_graph(self, queries: list[str], e_pass: Tensor, e_fact: Tensor, top_k: int,
                     hybrid: bool, cfg: RetrievalConfig, clock: _Clock,
                     fact_filter: FactFilter | None,
-                    query_entities: Sequence[Sequence[str]] | None) -> Ranking:
+                    query_entities: Sequence[Sequence[str]] | None,
+                    capture: Capture) -> Ranking:
         """hipporag2 / hybrid: kept facts -> reset vectors -> PPR (-> fusion), per chunk."""
         index, q = self.index, len(queries)
         link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
@@ -429,7 +471,7 @@ class Searcher:
         parts = []
         linear = None if hybrid else self._linear(cfg)
         for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
-            cos = self._passage_cos(e_pass[a:b])  # [c, P] query-passage cosine
+            cos = capture.cos(self._passage_cos(e_pass[a:b]))  # [c, P] query-passage cosine
             clock.lap("dense")
             rows = query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1)
             if linear is not None:
@@ -444,7 +486,9 @@ class Searcher:
                                          hybrid=hybrid, lap=clock.lap)
                 clock.lap("ppr")
             report.record(solution, rows)
-            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report)
+            capture.ppr(solution.scores.T if hybrid else None)
+            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report,
+                                       capture)
             if hybrid:
                 clock.lap("entities")
             final = torch.where(fallback[a:b].unsqueeze(1), minmax_rows(cos).to(final.dtype),
@@ -452,6 +496,7 @@ class Searcher:
             parts.append(topk_stable(final, top_k))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
+        capture.facts(cand_rows, cand_scores, kept)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
 
@@ -469,7 +514,7 @@ class Searcher:
 
     def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,
-                      cfg: RetrievalConfig, report: PPRReport) -> Tensor:
+                      cfg: RetrievalConfig, report: PPRReport, capture: Capture) -> Tensor:
         """[c, P] final scores of query columns a..b-1 from their PPR at the passage nodes:
         the raw PPR (hipporag2), or its fusion with the dense and entity rankings (hybrid)."""
         if not hybrid:
@@ -477,7 +522,7 @@ class Searcher:
         entity = None
         if linked is not None:
             doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
-            entity = (doc, has_ent)
+            entity = capture.entity((doc, has_ent))
             if phrase_solution is not None:
                 report.record(phrase_solution,
                               torch.arange(a, b).masked_fill(~has_ent.cpu(), -1))
@@ -550,7 +595,7 @@ class Searcher:
 
     def _rank_hipporag1(self, queries: list[str],
                         query_entities: Sequence[Sequence[str]] | None, top_k: int,
-                        cfg: RetrievalConfig, clock: _Clock) -> Ranking:
+                        cfg: RetrievalConfig, clock: _Clock, capture: Capture) -> Ranking:
         """Legacy HippoRAG 1 ranking (hippo_gpu.hipporag1, eqs. 1-2): entities -> nearest
         phrase by the index encoder's cosine -> specificity-weighted PPR on the v1 phrase graph
         -> minmax(D FP x). A query without entities gets uniform scores 1/P (row order), as v1
@@ -577,6 +622,7 @@ class Searcher:
         if key not in self._solvers:
             self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
         own = torch.tensor(owner, dtype=torch.int64, device=dev)
+        capture.v1(self._hipporag1, rows, own)
         parts = []
         no_fallback = torch.zeros(len(queries), dtype=torch.bool, device=dev)
         report = PPRReport.empty(len(queries))

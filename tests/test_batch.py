@@ -133,3 +133,46 @@ def test_failed_queries_go_to_the_side_file(sample_index, tmp_path):
     dense = retrieve_file(capped, q, tmp_path / "d.jsonl", mode="dense", skip_bad=True,
                           show_progress=False)
     assert (dense.answered, dense.failed) == (2, 0)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_explain_columns_sum_to_each_score(sample_searcher, tmp_path, fmt):
+    # `retrieve --explain`: the decomposition beside keys; a hit's score is the sum of its
+    # seed terms (aligned with "seeds"), its dense term and its offset, within its bound
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    rows = [{"id": i, "query": q, "entities": [["Marta Quill"], [], ["Skerrow"]][i]}
+            for i, q in enumerate(QUERIES)]
+    q = _write_jsonl(tmp_path / "q.jsonl", rows)
+    out = tmp_path / f"o.{fmt}"
+    res = CliRunner().invoke(app, ["retrieve", "--index", "unused", "--queries", str(q),
+                                   "--out", str(out), "--explain", "--ray", "local"])
+    assert res.exit_code != 0 and "--explain runs locally" in res.output
+    for mode in ("hybrid", "hipporag1"):
+        retrieve_file(sample_searcher, q, out, top_k=4, mode=mode, show_progress=False,
+                      explain=True)
+        if fmt == "jsonl":
+            got = [json.loads(line) for line in out.read_text().splitlines()]
+        else:
+            import pyarrow.parquet as pq
+
+            got = pq.read_table(out).to_pylist()
+        want = sample_searcher.retrieve([r["query"] for r in rows], top_k=4, mode=mode,
+                                        query_entities=[r["entities"] for r in rows])
+        for g, hits in zip(got, want, strict=True):
+            assert g["keys"] == [h.key for h in hits]
+            assert len(g["contributions"]) == len(hits)
+            for i in range(len(hits)):
+                assert len(g["contributions"][i]) == len(g["seeds"])
+                total = sum(g["contributions"][i]) + (g["dense"][i] or 0.0) + g["offset"][i]
+                assert abs(total - g["value"][i]) <= g["bound"][i]
+            if mode == "hybrid":
+                assert g["value"] != g["scores"] and len(g["fused_ranks"]) == len(hits)
+            else:
+                assert g["value"] == g["scores"] and g["fused_ranks"] is None
+    # the run's identity holds the flag: a resumed run cannot mix explained and plain parts
+    parts = tmp_path / f"o.{fmt}.parts"
+    parts.mkdir()
+    (parts / "run.json").write_text(json.dumps({"identity": {"explain": True}}))
+    with pytest.raises(DataFormatError, match="explain"):
+        retrieve_file(sample_searcher, q, out, top_k=4, show_progress=False)

@@ -86,3 +86,39 @@ def test_basis_push_forced_is_certified_and_matches_float64(musique_index, quest
                          config=RetrievalConfig(ppr_method="chebyshev"))
     got = evaluate_mode(searcher, questions, "hipporag2", config=cfg)
     assert got.recall == want.recall
+
+
+@pytest.mark.parametrize("mode", ["hipporag2", "hybrid", "hipporag1"])
+def test_explained_terms_sum_to_every_score(musique_searcher, questions, mode):
+    # issue 27's bar, float64: for every question, every hit's seed terms, dense term and
+    # offset sum to its score (hybrid: to its PPR value) within the certified bound
+    from hippo_gpu.entities import heuristic_entities
+    from hippo_gpu.ppr import PPRSolver
+
+    cfg = RetrievalConfig(dtype="float64", ppr_method="chebyshev")
+    texts = [q.question for q in questions]
+    ents = heuristic_entities(texts) if mode == "hipporag1" else None
+    explained = musique_searcher.explain(texts, top_k=10, mode=mode, config=cfg,
+                                         query_entities=ents)
+    assert len(explained) == len(texts)
+    # PPR values are certified to ~1e-11; hipporag1's min-max scaling divides by its range
+    limit = 1e-7 if mode == "hipporag1" else 1e-9
+    for e in explained:
+        assert e.hits
+        for h in e.hits:
+            assert abs(h.total - h.value) <= h.bound <= limit, (e.query, h.hit.title)
+    if mode != "hipporag2":
+        return
+    # and against an independent float64 solve of the full reset vectors, at every hit
+    index = musique_searcher.index
+    reset = musique_searcher.hipporag2_reset_vectors(texts, cfg)
+    solver = PPRSolver(index.adjacency, dtype=torch.float64, target_nodes=index.passage_nodes,
+                       method="power", kernel="torch", reorder=False)
+    full = solver.solve(reset)
+    assert bool(full.certified.all())
+    for q, e in enumerate(explained):
+        if e.dense_answer:
+            continue
+        for h in e.hits:
+            assert abs(h.total - float(full.scores[h.hit.row, q])) <= \
+                h.bound + float(full.bound[q])

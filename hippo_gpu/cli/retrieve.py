@@ -34,6 +34,10 @@ def retrieve(
     part_size: int = typer.Option(4096, min=1, help="rows per committed output part"),
     skip_bad: bool = typer.Option(False, help="record malformed rows in OUT.bad.jsonl instead "
                                               "of stopping at the first"),
+    explain: bool = typer.Option(False, "--explain",
+                                 help="add each hit's score split by seed (columns seeds, "
+                                      "contributions, dense, offset, value, bound, "
+                                      "fused_ranks; hippo_gpu.batch)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
     precision: str = typer.Option("float32", help="float32 | float16 | bfloat16"),
@@ -75,6 +79,10 @@ def retrieve(
         fail(str(e))
     if ircot and ray is not None:
         fail("--ircot does not run on --ray; run it here")
+    if ray is not None and explain:
+        fail("--explain runs locally: drop --ray")
+    if ircot and explain:
+        fail("--explain explains one-step retrieval: drop --ircot or --explain")
     if ray is not None:
         _retrieve_ray(ray, spec, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
                       part_size=part_size, skip_bad=skip_bad, workers=workers,
@@ -94,7 +102,7 @@ def retrieve(
         searcher = spec.open()
         report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
                                batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
-                               ircot=options)
+                               ircot=options, explain=explain)
     except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     finally:

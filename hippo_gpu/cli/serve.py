@@ -91,6 +91,9 @@ def serve(
     mcp: bool | None = typer.Option(
         None, "--mcp/--no-mcp", help="MCP tools at /mcp (default: when the mcp extra is installed)"
     ),
+    ui: bool = typer.Option(
+        True, "--ui/--no-ui", help="the explorer page at /ui (its requests carry the token)"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
     ray: str | None = typer.Option(
         None, "--ray", metavar="ADDRESS|local",
@@ -105,8 +108,8 @@ def serve(
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
-    """Serve POST /v1/retrieve, /v1/stats, /v1/indexes, /metrics, /mcp, /healthz, /readyz and
-    /docs for one or several indexes."""
+    """Serve POST /v1/retrieve, /v1/explain, /v1/stats, /v1/indexes, /metrics, /mcp, /ui,
+    /healthz, /readyz and /docs for one or several indexes."""
     import uvicorn
 
     from hippo_gpu.searcher_spec import SearcherSpec
@@ -129,6 +132,7 @@ def serve(
             token=token,
             mcp=mcp,
             max_ircot_steps=max_ircot_steps,
+            ui=ui,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
@@ -176,6 +180,8 @@ def serve(
         app = create_app(holders, config, reasoner=reasoner)
     except ImportError as e:  # --mcp without the mcp extra
         raise typer.BadParameter(str(e)) from e
+    if ui:
+        typer.echo(f"explorer page: http://{host}:{port}/ui/", err=True)
     # uvicorn stops accepting on SIGINT/SIGTERM, waits for open requests (at most 30 s), then the
     # app's lifespan drains the batcher.
     try:

@@ -51,6 +51,8 @@ class ServerConfig:
         mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
             (ImportError without it), False never.
         max_ircot_steps: largest `ircot.max_steps` of a retrieve request (a server with an LLM).
+        ui: serve the explorer page at /ui (its static files; every request it makes goes to
+            /v1/*, behind the token).
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -59,6 +61,7 @@ class ServerConfig:
     token: str | None = dataclasses.field(default=None, repr=False)
     mcp: bool | None = None
     max_ircot_steps: int = 8
+    ui: bool = True
 
     def __post_init__(self) -> None:
         _check_positive("max_queries_per_request", self.max_queries_per_request)

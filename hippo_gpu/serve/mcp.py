@@ -3,6 +3,10 @@
 Tools:
     retrieve(query, top_k=10, mode="hipporag2", index=None, entities=None)
         -> {"index", "mode", "hits": [{"key", "title", "score", "rank", "text"}, ...]}
+    explain(query, top_k=10, mode="hipporag2", index=None, entities=None)
+        -> {"index", "explanation": {"query", "seeds", "facts", "hits", "phrases", ...}}: each
+        hit's score split into one term per seed and one for the dense prior
+        (hippo_gpu.explain; the JSON of POST /v1/explain)
     stats() -> {"indexes": [{"name", "version", "passages", "memory_bytes", "device",
                              "precision", "counts": {...}, "batcher": {...}}, ...]}
 Resource:
@@ -44,8 +48,10 @@ __all__ = ["MountedMCP", "build_mcp_server", "mount_streamable_http", "serve_std
 _INSTRUCTIONS = (
     "HippoRAG retrieval: `retrieve` ranks the indexed passages for a question (mode hipporag2 "
     "follows a knowledge graph for multi-hop questions; dense is plain embedding similarity; "
-    "hybrid fuses both with an entity ranking). Read a whole passage with the resource "
-    "passage://{key}. `stats` lists the served indexes."
+    "hybrid fuses both with an entity ranking). `explain` says why each passage ranked where "
+    "it did: its score split into one term per seed phrase (with the facts that seeded it and "
+    "the phrases its mass came through) and one for the dense prior. Read a whole passage with "
+    "the resource passage://{key}. `stats` lists the served indexes."
 )
 
 # Hosts a loopback-only server answers when it guards against DNS rebinding (no token).
@@ -101,13 +107,7 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         entities: entities_type = None,  # type: ignore[valid-type]
     ) -> RetrieveOut:
         """Rank the indexed passages for one question; best first."""
-        if not query.strip():
-            raise ToolError("query is blank: ask something")
-        if entities is not None and any(not e.strip() for e in entities):
-            raise ToolError("an entity is blank")
-        if mode == "hipporag1" and entities is None:
-            raise ToolError("mode 'hipporag1' needs entities (an empty list answers with the "
-                            "dense ranking)")
+        _check_arguments(query, mode, entities)
         try:
             served = service.get(index)
             answers = await service.retrieve(
@@ -123,6 +123,32 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
             raise ToolError(f"retrieval failed: {answers[0].error}")
         return RetrieveOut(index=served.name, mode=mode,
                            hits=[HitOut(**h) for h in answers[0].hits])
+
+    async def explain(
+        query: query_text,  # type: ignore[valid-type]
+        top_k: top_k_type = min(10, limits.max_top_k),  # type: ignore[valid-type]
+        mode: mode_type = "hipporag2",  # type: ignore[valid-type]
+        index: index_type = None,  # type: ignore[valid-type]
+        entities: entities_type = None,  # type: ignore[valid-type]
+    ) -> dict[str, Any]:
+        """Why each passage ranked where it did: the hits of `retrieve`, each score split into
+        one term per seed phrase and one for the dense prior, within a certified bound."""
+        _check_arguments(query, mode, entities)
+        try:
+            served = service.get(index)
+            answers = await service.retrieve(
+                [query], top_k=top_k, mode=mode, index=served.name,
+                entities=None if entities is None else [entities], transport="mcp",
+                explain=True)
+        except UnknownIndexError as e:
+            raise ToolError(str(e)) from e
+        except QueueFullError as e:
+            raise ToolError("server busy: queue full; retry in a second") from e
+        except BatcherClosedError as e:
+            raise ToolError("server shutting down") from e
+        if answers[0].error is not None:
+            raise ToolError(f"retrieval failed: {answers[0].error}")
+        return {"index": served.name, "explanation": answers[0].explanation}
 
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""
@@ -142,11 +168,23 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         return json.dumps(found, ensure_ascii=False)
 
     server.tool(name="retrieve", annotations=read_only, structured_output=True)(retrieve)
+    server.tool(name="explain", annotations=read_only)(explain)
     server.tool(name="stats", annotations=read_only)(stats)
     server.resource("passage://{key}", name="passage", mime_type="application/json",
                     description="one indexed passage by key: title, text and the indexes that "
                                 "hold it")(passage)  # fmt: skip
     return server
+
+
+def _check_arguments(query: str, mode: str, entities: list[str] | None) -> None:
+    """What the input schema cannot say: blank text, hipporag1 without entities."""
+    if not query.strip():
+        raise ToolError("query is blank: ask something")
+    if entities is not None and any(not e.strip() for e in entities):
+        raise ToolError("an entity is blank")
+    if mode == "hipporag1" and entities is None:
+        raise ToolError("mode 'hipporag1' needs entities (an empty list answers with the "
+                        "dense ranking)")
 
 
 class MountedMCP(NamedTuple):

@@ -51,6 +51,8 @@ __all__ = [
     "NONBLANK",
     "WHITESPACE",
     "ErrorBody",
+    "ExplainRequest",
+    "ExplainResponse",
     "IRCoT",
     "IRCoTTrace",
     "IndexesResponse",
@@ -61,6 +63,8 @@ __all__ = [
     "StatsResponse",
     "StatusBody",
     "ValidationErrorBody",
+    "explain_request_model",
+    "explain_responses",
     "request_model",
     "response_doc",
     "retrieve_responses",
@@ -95,6 +99,14 @@ _REQUEST_EXAMPLES: list[dict[str, Any]] = [
 ]
 
 
+_EXPLAIN_EXAMPLES: list[dict[str, Any]] = [
+    {"queries": [_QUERY], "top_k": 5, "mode": "hipporag2"},
+    {"queries": [_QUERY], "top_k": 3, "mode": "hybrid"},
+    {"queries": [_QUERY], "entities": [["Stanford University", "Alzheimer's"]], "top_k": 5,
+     "mode": "hipporag1"},  # fmt: skip
+]
+
+
 def _max_items(model: type[BaseModel], field: str) -> int | None:
     for m in model.model_fields[field].metadata:
         if hasattr(m, "max_length"):
@@ -126,7 +138,8 @@ def _request_schema_extra(schema: dict[str, Any], model: type[Any]) -> None:
         for n in range(1, n_max + 1)
     ]
     schema["anyOf"] = [no_entities, *with_entities]
-    schema["examples"] = [e for e in _REQUEST_EXAMPLES if _accepts(model, e)]
+    examples = _EXPLAIN_EXAMPLES if issubclass(model, ExplainRequest) else _REQUEST_EXAMPLES
+    schema["examples"] = [e for e in examples if _accepts(model, e)]
 
 
 def _accepts(model: type[BaseModel], body: dict[str, Any]) -> bool:
@@ -160,13 +173,36 @@ class RetrieveRequest(BaseModel):
 
     @model_validator(mode="after")
     def _entities_fit_queries(self) -> RetrieveRequest:
-        if self.entities is not None and len(self.entities) != len(self.queries):
-            raise ValueError(
-                f"entities has {len(self.entities)} lists for {len(self.queries)} queries: give "
-                "one list per query"
-            )
-        if self.mode == "hipporag1" and self.entities is None:
-            raise ValueError(_HIPPORAG1_NEEDS_ENTITIES)
+        _check_entities(self.queries, self.entities, self.mode)
+        return self
+
+
+def _check_entities(queries: list[str], entities: list[list[str]] | None, mode: str) -> None:
+    """One entity list per query; hipporag1 needs them (the rule `anyOf` spells out)."""
+    if entities is not None and len(entities) != len(queries):
+        raise ValueError(
+            f"entities has {len(entities)} lists for {len(queries)} queries: give one list per "
+            "query"
+        )
+    if mode == "hipporag1" and entities is None:
+        raise ValueError(_HIPPORAG1_NEEDS_ENTITIES)
+
+
+class ExplainRequest(BaseModel):
+    """Queries whose hits are explained: the fields and limits of RetrieveRequest, without
+    return_seeds (an explanation always holds the seeds)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_request_schema_extra)
+
+    queries: list[str]
+    entities: list[list[str]] | None = None
+    top_k: int = 10
+    mode: Mode = "hipporag2"
+    index: str | None = None
+
+    @model_validator(mode="after")
+    def _entities_fit_queries(self) -> ExplainRequest:
+        _check_entities(self.queries, self.entities, self.mode)
         return self
 
 
@@ -221,6 +257,21 @@ def request_model(config: ServerConfig, indexes: Sequence[str] = (DEFAULT_INDEX,
                   *, ircot: bool = False) -> type[RetrieveRequest]:
     """The `RetrieveRequest` model with `config`'s limits and the served `indexes`' names: the
     schema and the validator in one. `ircot`: the server has an LLM for IRCoT thoughts."""
+    model: type[RetrieveRequest] = _batch_model(config, indexes, RetrieveRequest, ircot=ircot)
+    return model
+
+
+def explain_request_model(config: ServerConfig,
+                          indexes: Sequence[str] = (DEFAULT_INDEX,)) -> type[ExplainRequest]:
+    """The `ExplainRequest` model: the limits of `request_model` (the same builder)."""
+    model: type[ExplainRequest] = _batch_model(config, indexes, ExplainRequest)
+    return model
+
+
+def _batch_model(config: ServerConfig, indexes: Sequence[str], base: type[Any], *,
+                 ircot: bool = False) -> Any:
+    """`base` (RetrieveRequest or ExplainRequest) with `config`'s limits and `indexes`
+    (`ircot`: a retrieve request may ask for IRCoT)."""
     limits = config.limits
     text: Any = Annotated[
         str, StringConstraints(min_length=1, max_length=limits.max_query_chars, pattern=NONBLANK)
@@ -229,11 +280,19 @@ def request_model(config: ServerConfig, indexes: Sequence[str] = (DEFAULT_INDEX,
         str, StringConstraints(min_length=1, max_length=limits.max_entity_chars, pattern=NONBLANK)
     ]
     per_query: Any = Annotated[list[entity], Field(max_length=limits.max_entities_per_query)]
-    model: type[RetrieveRequest] = create_model(
-        "RetrieveRequest",
-        __base__=RetrieveRequest,
+    seeds: dict[str, Any] = {}
+    if base is RetrieveRequest:
+        seeds["return_seeds"] = (
+            bool,
+            Field(default=False, description="also return the seed facts of each query"),
+        )
+        seeds["ircot"] = _ircot_field(config.max_ircot_steps if ircot else None)
+    what = "answered" if base is RetrieveRequest else "whose hits are explained"
+    return create_model(
+        base.__name__,
+        __base__=base,
         __doc__=(
-            "Queries answered with one mode and one top_k. `entities`, when given, has one list "
+            f"Queries {what} with one mode and one top_k. `entities`, when given, has one list "
             "per query; hipporag1 needs it, hybrid uses it (else capitalised spans of the query), "
             "dense and hipporag2 ignore it."
         ),
@@ -262,14 +321,9 @@ def request_model(config: ServerConfig, indexes: Sequence[str] = (DEFAULT_INDEX,
                   description="passages returned per query"),  # fmt: skip
         ),
         mode=(Mode, Field(default="hipporag2", description="retrieval mode")),
-        return_seeds=(
-            bool,
-            Field(default=False, description="also return the seed facts of each query"),
-        ),
+        **seeds,
         index=_index_field(indexes),
-        ircot=_ircot_field(config.max_ircot_steps if ircot else None),
     )
-    return model
 
 
 class PassageHit(BaseModel):
@@ -306,6 +360,108 @@ class RetrieveResponse(BaseModel):
         description="present only when some query of a batch failed: per query, null when "
         "answered, else why it was not (its ranking is then empty; the others are answered). "
         "A request of one query that fails gets a 500 naming the cause instead",
+    )
+
+
+class ExplainedPassage(BaseModel):
+    key: str
+    title: str
+
+
+class ExplainFact(BaseModel):
+    row: int = Field(description="fact row in the index")
+    fact: SeedFact
+    score: float = Field(description="min-max scaled query-fact cosine over all facts")
+
+
+class ExplainSeed(BaseModel):
+    phrase: str
+    node: int = Field(description="node row of the phrase")
+    weight: float = Field(description="its entry of the reset vector, before normalisation")
+    share: float = Field(description="the fraction of the query's PPR mass that starts here")
+    facts: list[ExplainFact] = Field(description="the kept facts naming it (hipporag2, hybrid)")
+    entities: list[str] = Field(description="the query entities linked to it (hipporag1)")
+
+
+class ExplainBridge(BaseModel):
+    phrase: str
+    node: int
+    mass: float = Field(description="the part of the seed's term entering through this phrase")
+
+
+class ExplainSeedTerm(BaseModel):
+    phrase: str
+    node: int
+    contribution: float = Field(description="this seed's term of the hit's value")
+    other: float = Field(description="the term's mass not through the listed bridges")
+    bridges: list[ExplainBridge] = Field(description="neighbours of the passage, largest first")
+
+
+class ExplainDense(BaseModel):
+    total: float = Field(description="the dense passage prior's term (own + spread)")
+    own: float = Field(description="from the passage's own prior weight")
+    spread: float = Field(description="from the prior of the other passages")
+    prior: float = Field(description="the passage's entry of the reset vector")
+    similarity: float = Field(description="its query-passage cosine")
+
+
+class ExplainFusion(BaseModel):
+    ppr_rank: int = Field(ge=0)
+    dense_rank: int = Field(ge=0)
+    entity_rank: int | None = Field(description="null: no entity ranking")
+    ppr_term: float
+    dense_term: float
+    entity_term: float
+
+
+class ExplainedHit(BaseModel):
+    key: str
+    title: str
+    text: str
+    score: float
+    rank: int = Field(ge=0)
+    value: float = Field(description="what the terms sum to: the score, or hybrid's PPR value")
+    total: float = Field(description="the sum of the terms")
+    bound: float | None = Field(description="|total - value| <= bound, certified (null: none)")
+    offset: float = Field(description="hipporag1's min-max shift; else 0")
+    seeds: list[ExplainSeedTerm] = Field(description="one term per seed, largest first")
+    dense: ExplainDense | None = Field(description="null for hipporag1")
+    fusion: ExplainFusion | None = Field(description="hybrid: the fused ranks and terms")
+
+
+class ExplainSynonym(BaseModel):
+    phrase: str
+    score: float = Field(description="cosine of the synonym edge")
+
+
+class ExplainPhrase(BaseModel):
+    phrase: str
+    node: int
+    num_passages: int = Field(ge=0)
+    passages: list[ExplainedPassage] = Field(description="the passages mentioning it (capped)")
+    synonyms: list[ExplainSynonym]
+
+
+class QueryExplanationBody(BaseModel):
+    query: str
+    mode: str
+    dense_answer: bool = Field(description="answered by the dense ranking: one dense term")
+    bound: float | None = Field(description="the largest bound of a hit")
+    dense_share: float = Field(description="the dense prior's share of the PPR mass")
+    seeds: list[ExplainSeed]
+    facts: list[ExplainFact] = Field(description="the kept facts, best first")
+    hits: list[ExplainedHit]
+    phrases: list[ExplainPhrase] = Field(description="every phrase named above")
+
+
+class ExplainResponse(BaseModel):
+    explanations: list[QueryExplanationBody | None] = Field(
+        description="per query, in request order: its hits and their decomposition (null: the "
+        "query failed, see errors)")
+    errors: list[str | None] | None = Field(
+        default=None,
+        description="present only when some query failed: per query, null or why (a request "
+        "of one query that fails gets a 500 instead)",
     )
 
 
@@ -447,6 +603,14 @@ def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
         500: response_doc(ErrorBody, "internal error", {"detail": "internal server error"}),
         503: response_doc(ErrorBody, "shutting down", {"detail": "server shutting down"}),
     }
+
+
+def explain_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
+    """POST /v1/explain's documented answers: retrieve's errors, its own 200."""
+    out = retrieve_responses(max_body_bytes)
+    out[200] = {"description": "per query, in request order, its hits and each hit's score "
+                               "split into one term per seed and one for the dense prior"}
+    return out
 
 
 def unknown_index_response(default: str) -> dict[str, Any]:

@@ -8,6 +8,10 @@ Endpoints (operationId in brackets):
         An optional "index" names the served index to ask (default: the first), an optional
         "ircot": {"max_steps": S} runs IRCoT (serve/ircot.py; needs `create_app(reasoner=)`)
         and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
+    POST /v1/explain [explain]  the same request as retrieve (without return_seeds), answered
+        with each hit's score split into one term per seed and one for the dense prior
+        (hippo_gpu.explain): {"explanations": [{"query", "seeds", "facts", "hits", "phrases",
+        ...} per query]}.
     GET  /v1/stats [stats]    index counts, queue depth, batches, mean batch size, latencies
                               (?index=NAME; default: the first index).
     GET  /v1/indexes [indexes]  {"indexes": [{"name", "version", "passages", "memory_bytes",
@@ -16,6 +20,8 @@ Endpoints (operationId in brackets):
     GET  /healthz [healthz]   liveness: the process answers.
     GET  /readyz [readyz]     readiness: indexes loaded and batchers accepting (else 503).
     GET  /docs, /redoc, /openapi.json   the OpenAPI document and its viewers.
+    GET  /ui                  the explorer page (serve/ui.py; ServerConfig.ui): static files, open
+                              like /docs; every request it makes goes to /v1/* with the token.
     /mcp                      the Model Context Protocol (streamable HTTP, serve/mcp.py) when the
                               `mcp` package is installed (ServerConfig.mcp); not in the OpenAPI
                               document, which describes the REST API only.
@@ -81,11 +87,14 @@ from hippo_gpu.serve.metrics import (
 )
 from hippo_gpu.serve.schema import (
     API_DESCRIPTION,
+    ExplainResponse,
     IndexesResponse,
     RetrieveRequest,
     RetrieveResponse,
     StatsResponse,
     StatusBody,
+    explain_request_model,
+    explain_responses,
     request_model,
     response_doc,
     retrieve_responses,
@@ -98,6 +107,7 @@ from hippo_gpu.serve.service import (
     ServedIndex,
     check_index_name,
 )
+from hippo_gpu.serve.ui import add_ui_routes
 from hippo_gpu.serve.writes import SearcherHolder, write_router
 
 if TYPE_CHECKING:
@@ -152,7 +162,10 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     _add_probes(app, service)
     _add_read_routes(app, service, config, metrics, auth)
     _add_retrieve(app, service, config, auth, reasoner)
+    _add_explain(app, service, config, auth)
     _add_write_routes(app, service, config, auth)
+    if config.ui:
+        add_ui_routes(app)
     if mcp_app is not None:
         guarded = mcp_app.asgi if config.token is None else BearerGuard(mcp_app.asgi, config.token)
         app.router.routes.append(Route(MCP_PATH, endpoint=guarded))
@@ -347,6 +360,38 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         responses={**auth.responses, **retrieve_responses(config.max_body_bytes)},
         dependencies=auth.dependencies,
     )(retrieve)
+
+
+def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
+                 auth: _Auth) -> None:
+    """POST /v1/explain: retrieve's request (and limits) answered by Searcher.explain."""
+
+    async def explain(req: Any) -> JSONResponse:
+        try:
+            answers = await service.retrieve(
+                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+                index=req.index, transport="http", explain=True)
+        except QueueFullError as e:
+            raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
+        except BatcherClosedError as e:
+            raise HTTPException(503, "server shutting down") from e
+        errors = [a.error for a in answers]
+        if len(answers) == 1 and errors[0] is not None:
+            raise HTTPException(500, f"retrieval failed: {errors[0]}")
+        body: dict[str, Any] = {"explanations": [a.explanation for a in answers]}
+        if any(e is not None for e in errors):
+            body["errors"] = errors
+        return JSONResponse(body)
+
+    explain.__annotations__["req"] = explain_request_model(config, service.names)
+    app.post(
+        "/v1/explain",
+        operation_id="explain",
+        summary="Explain the ranking of a batch of queries: each score split by seed",
+        response_model=ExplainResponse,
+        responses={**auth.responses, **explain_responses(config.max_body_bytes)},
+        dependencies=auth.dependencies,
+    )(explain)
 
 
 def _add_write_routes(app: FastAPI, service: RetrievalService, config: ServerConfig,

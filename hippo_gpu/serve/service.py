@@ -34,6 +34,7 @@ import torch
 
 from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.explanation import explanation_dict
 from hippo_gpu.results import Hit, QueryFailure
 from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import (
@@ -130,6 +131,7 @@ class BatchKey(NamedTuple):
     top_k: int
     return_seeds: bool
     with_entities: bool  # every query of the batch carries its entities, or none does
+    explain: bool = False  # answer with Searcher.explain (each hit's score decomposed)
 
 
 class Query(NamedTuple):
@@ -143,6 +145,7 @@ class Answer(NamedTuple):
     hits: list[dict[str, Any]]  # JSON-ready {"key", "title", "text", "score", "rank"}
     seeds: list[Any] | None
     error: str | None = None  # why this query has no answer (its PPR is uncertified)
+    explanation: dict[str, Any] | None = None  # explain batches: hippo_gpu.explanation's JSON
 
 
 class _SearcherAdapter:
@@ -169,6 +172,8 @@ class _SearcherAdapter:
             entities = [q.entities for q in queries if q.entities is not None]
             if len(entities) != len(queries):
                 raise TypeError("a batch keyed with_entities holds a query without entities")
+        if key.explain:
+            return _explain(searcher, texts, entities, key)
         failed: dict[int, str] = {}
         raw: list[list[Any]] | None = None
         try:
@@ -189,6 +194,28 @@ class _SearcherAdapter:
             Answer([hit_dict(h, passage_texts) for h in per_query], s, failed.get(i))
             for i, (per_query, s) in enumerate(zip(hits, seeds, strict=True))
         ]
+
+
+def _explain(searcher: Searcher, texts: list[str], entities: list[list[str]] | None,
+             key: BatchKey) -> list[Answer]:
+    """An explain batch: `Searcher.explain` on the queries; a query whose PPR is uncertified
+    gets its error, the others their explanation."""
+    index = searcher.index
+    failed: dict[int, str] = {}
+    try:
+        explained = searcher.explain(texts, top_k=key.top_k, mode=key.mode,
+                                     query_entities=entities)
+    except QueryFailure as e:
+        explained, failed = e.explanations or [], e.failures
+    if len(explained) != len(texts):
+        raise BatchOutputError(f"explain returned {len(explained)} answers for {len(texts)}")
+    return [
+        Answer([], None, failed[i]) if i in failed else
+        Answer([hit_dict(h.hit, index.passage_texts) for h in ex.hits], None, None,
+               explanation_dict(ex, index.passage_keys, index.passage_titles,
+                                index.passage_texts))
+        for i, ex in enumerate(explained)
+    ]
 
 
 def hit_dict(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
@@ -318,11 +345,13 @@ class RetrievalService:
     async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: str,
                        entities: Sequence[Sequence[str]] | None = None,
                        return_seeds: bool = False, index: str | None = None,
-                       transport: str = "http") -> list[Answer]:
+                       transport: str = "http", explain: bool = False) -> list[Answer]:
         """Rank passages of index `index` for `queries`, batched with concurrent callers.
 
         Arguments are taken as validated by the transport (limits, modes); `entities` is one
-        list per query or None, and is dropped for modes that do not read it.
+        list per query or None, and is dropped for modes that do not read it. With `explain`
+        each answer also carries the decomposition of its hits (`Searcher.explain`; explain
+        requests are batched among themselves).
 
         Raises:
             UnknownIndexError: `index` is not served.
@@ -332,7 +361,7 @@ class RetrievalService:
         with_entities = entities is not None and mode in ENTITY_MODES
         batch = [Query(q, list(entities[i]) if with_entities and entities is not None else None)
                  for i, q in enumerate(queries)]  # fmt: skip
-        key = BatchKey(mode, top_k, return_seeds, with_entities)
+        key = BatchKey(mode, top_k, return_seeds, with_entities, explain)
         started = time.monotonic()
         status = "error"
         try:

@@ -56,7 +56,7 @@ def _assert_hits(served: list[dict[str, Any]], offline: list[dict[str, Any]]) ->
 async def _check_tools(client: Client, searcher: Any) -> None:
     """What both transports must do: list, answer like the offline searcher, refuse bad input."""
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"retrieve", "stats"}
+    assert set(tools) == {"retrieve", "explain", "stats"}
     props = tools["retrieve"].input_schema["properties"]
     assert {"query", "top_k", "mode"} <= set(props) and props["top_k"]["default"] == 10
 
@@ -96,6 +96,20 @@ async def _check_tools(client: Client, searcher: Any) -> None:
     r = await client.call_tool("retrieve", {"query": QUESTIONS[1], "top_k": 2, "mode": "dense"})
     assert not r.is_error
     _assert_hits(r.structured_content["hits"], offline_hits(searcher, QUESTIONS[1], 2, "dense"))
+
+    # explain: retrieve's hits, each score split by seed, as the offline Searcher.explain
+    r = await client.call_tool("explain", {"query": QUESTIONS[0], "top_k": 3})
+    assert not r.is_error, r.content
+    served = r.structured_content["explanation"]
+    (want,) = searcher.explain([QUESTIONS[0]], top_k=3)
+    assert r.structured_content["index"] == "default"
+    assert [h["title"] for h in served["hits"]] == [h.hit.title for h in want.hits]
+    assert [s["phrase"] for s in served["seeds"]] == [s.phrase for s in want.seeds]
+    for got, exp in zip(served["hits"], want.hits, strict=True):
+        assert got["total"] == pytest.approx(exp.total, rel=1e-4)
+        assert abs(got["total"] - got["value"]) <= got["bound"]
+    r = await client.call_tool("explain", {"query": "x", "mode": "hipporag1"})
+    assert r.is_error and "needs entities" in r.content[0].text
 
     r = await client.call_tool("stats", {})
     assert not r.is_error

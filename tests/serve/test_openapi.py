@@ -40,6 +40,7 @@ LIMITS: dict[str, Any] = {
 }
 OPERATIONS = {
     ("/v1/retrieve", "post"): "retrieve",
+    ("/v1/explain", "post"): "explain",
     ("/v1/stats", "get"): "stats",
     ("/v1/indexes", "get"): "indexes",
     ("/metrics", "get"): "metrics",
@@ -52,8 +53,8 @@ def _spec(searcher: Any, token: str | None = None, **limits: Any) -> dict[str, A
     return create_app(searcher, ServerConfig(token=token, **limits)).openapi()
 
 
-def _request_schema(spec: dict[str, Any]) -> dict[str, Any]:
-    body = spec["paths"]["/v1/retrieve"]["post"]["requestBody"]["content"]["application/json"]
+def _request_schema(spec: dict[str, Any], path: str = "/v1/retrieve") -> dict[str, Any]:
+    body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
     ref = body["schema"]["$ref"]
     return spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
 
@@ -117,6 +118,24 @@ def test_request_limits_are_in_the_schema(sample_searcher: Any) -> None:
         jsonschema.Draft202012Validator(schema).validate(example)
 
 
+def test_explain_takes_retrieves_request_and_limits(sample_searcher: Any) -> None:
+    spec = _spec(sample_searcher, **LIMITS)
+    retrieve, explain = _request_schema(spec), _request_schema(spec, "/v1/explain")
+    assert spec["paths"]["/v1/explain"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"] == {"$ref": "#/components/schemas/ExplainRequest"}
+    assert set(retrieve["properties"]) - set(explain["properties"]) == {"return_seeds"}
+    for name, prop in explain["properties"].items():
+        assert prop == retrieve["properties"][name], name
+    assert explain["anyOf"] == retrieve["anyOf"] and explain["required"] == ["queries"]
+    assert explain["additionalProperties"] is False
+    assert {e["mode"] for e in explain["examples"]} == {"hipporag2", "hybrid", "hipporag1"}
+    for example in explain["examples"]:
+        jsonschema.Draft202012Validator(explain).validate(example)
+    ok = spec["paths"]["/v1/explain"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert ok["schema"] == {"$ref": "#/components/schemas/ExplainResponse"}
+    assert not any(path.startswith("/ui") for path in spec["paths"])
+
+
 def test_index_names_are_in_the_schema(sample_searcher: Any) -> None:
     spec = create_app({"main": sample_searcher, "aux": sample_searcher}, ServerConfig()).openapi()
     index = _request_schema(spec)["properties"]["index"]
@@ -168,13 +187,18 @@ CONSISTENCY_CASES: list[dict[str, Any]] = [
 
 
 def test_schema_and_server_agree_on_each_body(sample_searcher: Any) -> None:
-    schema = _request_schema(_spec(sample_searcher, **LIMITS))
+    spec = _spec(sample_searcher, **LIMITS)
+    schema = _request_schema(spec)
     validator = jsonschema.Draft202012Validator(schema)
+    explain = jsonschema.Draft202012Validator(_request_schema(spec, "/v1/explain"))
     with serving(sample_searcher, ServerConfig(**LIMITS)) as (url, _):
         for body in CONSISTENCY_CASES:
             r = httpx.post(url + "/v1/retrieve", json=body, timeout=60)
             expected = 200 if validator.is_valid(body) else 422
             assert r.status_code == expected, (body, r.text)
+        for body in [*CONSISTENCY_CASES, {"queries": ["q"], "return_seeds": True}]:
+            r = httpx.post(url + "/v1/explain", json=body, timeout=60)
+            assert r.status_code == (200 if explain.is_valid(body) else 422), (body, r.text)
     # The case from the issue: an empty query is invalid for both.
     assert not validator.is_valid({"queries": [""]})
 
@@ -206,6 +230,10 @@ def api_schema(live_server: tuple[str, str | None]) -> Any:
     }
     if token is not None:
         config["headers"] = {"Authorization": f"Bearer {token}"}
+    else:
+        # /v1/explain takes retrieve's request (the same builder: test_explain_takes_...) and
+        # answers through the same batcher: fuzzed once, behind the token, to keep the run short
+        config["operations"] = [{"include-path": "/v1/explain", "enabled": False}]
     return schemathesis.openapi.from_url(
         url + "/openapi.json", config=schemathesis.Config.from_dict(config)
     )
