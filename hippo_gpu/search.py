@@ -35,7 +35,6 @@ and one for the dense prior (hippo_gpu.explain), from the inputs `rank` records 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -51,12 +50,13 @@ from hippo_gpu.data import Triple
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.entity_search import Clock, EntityPaths, check_entities
 from hippo_gpu.explain import Capture, explain_ranking, explain_solver
 from hippo_gpu.explanation import QueryExplanation
-from hippo_gpu.hybrid import entity_doc, hybrid_fusion, link_entities, passage_phrase_incidence
+from hippo_gpu.hybrid import hybrid_fusion
 from hippo_gpu.index import Index
 from hippo_gpu.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
-from hippo_gpu.ppr import ConvergenceError, PPRSolution, PPRSolver
+from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
 from hippo_gpu.ranking import cat_topk, minmax_rows, topk_stable
 from hippo_gpu.results import (
@@ -93,35 +93,8 @@ def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
     return mask
 
 
-def _check_entities(queries: list[str], query_entities: Sequence[Sequence[str]]) -> None:
-    if len(query_entities) != len(queries):
-        raise ValueError(
-            f"query_entities has {len(query_entities)} rows for {len(queries)} queries")
-    for i, ents in enumerate(query_entities):
-        if isinstance(ents, str) or not all(isinstance(e, str) for e in ents):
-            raise TypeError(f"query_entities[{i}] must be a list of strings")
 
-
-class _Clock:
-    """Stage timer. With ``sync`` (Searcher.profile) it synchronises CUDA at each lap so each
-    stage is charged its own work; without, a served GPU query pays no syncs and the laps only
-    split the host time (the total is still right)."""
-
-    def __init__(self, device: torch.device, *, sync: bool = False) -> None:
-        self.sync = sync and device.type == "cuda"
-        self.device = device
-        self.seconds: dict[str, float] = {}
-        self.t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
-        self.t = now
-
-
-class Searcher:
+class Searcher(EntityPaths):
     """Answers batches of queries over one `Index`, on the index's device.
 
     Owns the query-time state: the query encoder (loaded on first use), the PPR solvers (one per
@@ -407,7 +380,7 @@ class Searcher:
         if q == 0 or len(index.passage_keys) == 0:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
-        clock = _Clock(index.device, sync=self.profile)
+        clock = Clock(index.device, sync=self.profile)
         capture = capture or Capture(record=False)
         if mode == "hipporag1":
             return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock, capture)
@@ -420,7 +393,7 @@ class Searcher:
                                 fact_filter, query_entities, capture)
 
     def _rank_dense(self, e_pass: Tensor, top_k: int, cfg: RetrievalConfig,
-                    clock: _Clock, capture: Capture) -> Ranking:
+                    clock: Clock, capture: Capture) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
         q = e_pass.shape[0]
         parts = []
@@ -433,7 +406,7 @@ class Searcher:
         return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
 
     def _candidate_facts(self, queries: list[str], e_fact: Tensor, link_k: int,
-                         cfg: RetrievalConfig, clock: _Clock, fact_filter: FactFilter | None
+                         cfg: RetrievalConfig, clock: Clock, fact_filter: FactFilter | None
                          ) -> tuple[Tensor, Tensor, Tensor, FilterResult | None]:
         """([Q, L] best facts' min-max scaled cosine, their rows, which are kept, the filter's
         outcome): fact blocks within the budget, then the optional recognition filter."""
@@ -449,7 +422,7 @@ class Searcher:
         return cand_scores, cand_rows, kept, outcome
 
     def _rank_graph(self, queries: list[str], e_pass: Tensor, e_fact: Tensor, top_k: int,
-                    hybrid: bool, cfg: RetrievalConfig, clock: _Clock,
+                    hybrid: bool, cfg: RetrievalConfig, clock: Clock,
                     fact_filter: FactFilter | None,
                     query_entities: Sequence[Sequence[str]] | None,
                     capture: Capture) -> Ranking:
@@ -463,7 +436,7 @@ class Searcher:
         if hybrid and cfg.hybrid_entity_weight > 0:
             if query_entities is None:
                 query_entities = heuristic_entities(queries)
-            _check_entities(queries, query_entities)
+            check_entities(queries, query_entities)
             linked = self._link_entities(query_entities, cfg)
             clock.lap("entities")
         report = PPRReport.empty(q)
@@ -541,103 +514,6 @@ class Searcher:
             raise ValueError(
                 f"fact filter returned {len(outcome.kept)} rows for {len(queries)} queries")
         return outcome
-
-    def entity_scores(self, query_entities: Sequence[Sequence[str]],
-                      cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
-        """The hybrid mode's entity ranking: HippoRAG 1's idea, simplified (tuned as it is).
-
-        Each entity is linked to the phrase equal to its lower-cased text, else to its nearest
-        phrase by cosine; the phrase gets reset weight 1 / |passages containing it| (node
-        specificity); PPR runs on the phrase block of the index graph; a passage scores the sum
-        of the PPR of the phrases it mentions (binary passage-phrase incidence, where legacy v1
-        weights a phrase by the facts of the passage that name it), min-max normalised per
-        query. Legacy v1 itself is mode "hipporag1" (hippo_gpu.hipporag1).
-
-        Retrieval calls the two halves, linking (once per batch) and scoring (per chunk of
-        queries), separately; this is the whole batch at once.
-
-        Returns:
-            scores: [Q, P] float32 (rows of queries without entities are zero).
-            has_entities: [Q] bool.
-        """
-        linked = self._link_entities(query_entities, cfg)
-        doc, has_ent, solution = self._entity_doc(*linked, 0, len(query_entities), cfg)
-        if solution is not None:
-            report = PPRReport.empty(len(query_entities))
-            report.record(solution, torch.arange(len(query_entities)).masked_fill(
-                ~has_ent.cpu(), -1))
-            if report.failed:
-                raise ConvergenceError(next(iter(report.failed.values())), sorted(report.failed))
-        return doc, has_ent
-
-    def _link_entities(self, query_entities: Sequence[Sequence[str]],
-                       cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
-        """(phrase row [E], query row [E]) of every entity of a batch (hybrid.link_entities)."""
-        uncased = any(query_entities) and len(self.index.phrases) > 0 and \
-            self.encoder_is_uncased  # probes the encoder only when there is something to link
-        return link_entities(self.index, query_entities, cfg,
-                             lambda texts: self.encoder.encode(texts), uncased)
-
-    def _entity_doc(self, nearest: Tensor, owner: Tensor, start: int, stop: int,
-                    cfg: RetrievalConfig) -> tuple[Tensor, Tensor, PPRSolution | None]:
-        """hybrid.entity_doc with this searcher's phrase-graph solver and incidence."""
-        solver = self._solver(cfg, phrase_graph=True)
-        return entity_doc(self.index, solver, self._incidence(solver.dtype), nearest, owner,
-                          start, stop, cfg)
-
-    def _incidence(self, dtype: torch.dtype) -> Tensor:
-        """[P, M] binary passage-phrase incidence as sparse CSR (built once per dtype)."""
-        inc = self._incidences.get(dtype)
-        if inc is None:
-            inc = passage_phrase_incidence(self.index, dtype)
-            self._incidences[dtype] = inc
-        return inc
-
-    def _rank_hipporag1(self, queries: list[str],
-                        query_entities: Sequence[Sequence[str]] | None, top_k: int,
-                        cfg: RetrievalConfig, clock: _Clock, capture: Capture) -> Ranking:
-        """Legacy HippoRAG 1 ranking (hippo_gpu.hipporag1, eqs. 1-2): entities -> nearest
-        phrase by the index encoder's cosine -> specificity-weighted PPR on the v1 phrase graph
-        -> minmax(D FP x). A query without entities gets uniform scores 1/P (row order), as v1
-        does; dense_fallback is False for every query (no dense ranking is used)."""
-        if query_entities is None:
-            raise ValueError(
-                "mode 'hipporag1' needs the named entities of each query: pass query_entities "
-                "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
-                "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
-        _check_entities(queries, query_entities)
-        index, dev = self.index, self.index.device
-        if self._hipporag1 is None:
-            self._hipporag1 = hipporag1.build_v1_graph(index)
-            clock.lap("graph")
-        texts, owner = hipporag1.flatten_entities(query_entities)
-        plan = plan_chunks(index, len(queries), cfg, num_entities=len(texts))
-        rows = torch.zeros(0, dtype=torch.int64, device=dev)
-        if texts and index.phrases:
-            rows = hipporag1.link_entities(self.encoder.encode(texts), index.phrase_emb,
-                                           plan.phrase_rows)
-        clock.lap("link")
-        key = ("hipporag1", cfg.damping, cfg.dtype, cfg.ppr_tol, solver_method(cfg.ppr_method),
-               cfg.ppr_max_iter)
-        if key not in self._solvers:
-            self._solvers[key] = hipporag1.make_solver(self._hipporag1, cfg)
-        own = torch.tensor(owner, dtype=torch.int64, device=dev)
-        capture.v1(self._hipporag1, rows, own)
-        parts = []
-        no_fallback = torch.zeros(len(queries), dtype=torch.bool, device=dev)
-        report = PPRReport.empty(len(queries))
-        query_rows = torch.arange(len(queries))
-        for a, b in spans(len(queries), plan.query_cols):  # [M, c] seeds, [c, P] scores
-            mine = (own >= a) & (own < b)
-            scores, has, solution = hipporag1.passage_scores(
-                self._hipporag1, self._solvers[key], rows[mine], own[mine] - a, b - a)
-            if solution is not None:
-                report.record(solution, query_rows[a:b][has.cpu()])
-            clock.lap("ppr")
-            parts.append(topk_stable(scores, top_k))
-            clock.lap("rank")
-        top_scores, top_rows = cat_topk(parts)
-        return Ranking(top_rows, top_scores, clock.seconds, no_fallback, ppr=report)
 
     def hipporag2_reset_vectors(self, queries: Sequence[str],
                                 config: RetrievalConfig | None = None) -> Tensor:

@@ -123,7 +123,8 @@ def test_explain_takes_retrieves_request_and_limits(sample_searcher: Any) -> Non
     retrieve, explain = _request_schema(spec), _request_schema(spec, "/v1/explain")
     assert spec["paths"]["/v1/explain"]["post"]["requestBody"]["content"]["application/json"][
         "schema"] == {"$ref": "#/components/schemas/ExplainRequest"}
-    assert set(retrieve["properties"]) - set(explain["properties"]) == {"return_seeds"}
+    # explain explains one-step retrieval: no seeds to return, no IRCoT loop
+    assert set(retrieve["properties"]) - set(explain["properties"]) == {"return_seeds", "ircot"}
     for name, prop in explain["properties"].items():
         assert prop == retrieve["properties"][name], name
     assert explain["anyOf"] == retrieve["anyOf"] and explain["required"] == ["queries"]
