@@ -64,6 +64,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--probe", type=int, default=250,
                     help="--synthetic: measure load and query cost every this many commits")
     ap.add_argument("--seed", type=int, default=0, help="--synthetic: corpus seed")
+    ap.add_argument("--exact-synonyms", action="store_true",
+                    help="--synthetic: build with the exact torch synonym kNN (equality check)")
     add_arguments(ap)
     return ap.parse_args()
 
