@@ -11,17 +11,16 @@ Every request is recorded as (question, step) in `requests`.
 from __future__ import annotations
 
 import re
-import socket
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from tests.loopback import serve_asgi
 
 _TAIL = re.compile(r"Question: (?P<q>.*)\nThought: ?(?P<t>.*)\Z", re.DOTALL)
 
@@ -81,22 +80,8 @@ class ScriptedLLM:
 def scripted_llm(script: Script) -> Iterator[tuple[ScriptedLLM, str]]:
     """Serve a ScriptedLLM on 127.0.0.1 (a free port); yields (it, its spec string)."""
     llm = ScriptedLLM(script)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(llm.app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield llm, f"openai:scripted@http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_asgi(llm.app) as (url, _):
+        yield llm, f"openai:scripted@{url}/v1"
 
 
 def fast_backend(spec: str, **options: Any) -> Any:

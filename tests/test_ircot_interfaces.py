@@ -6,9 +6,6 @@ the HTTP server (422 without an LLM, the offline loop's answer with one), `eval 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 pytest.importorskip("openai")
 
@@ -28,6 +24,7 @@ from hippo_gpu.llm.ircot import IRCoTReasoner  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.schema import NO_IRCOT  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
+from tests.loopback import serve_asgi  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 from tests.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 
@@ -97,21 +94,8 @@ def test_batch_job_rows_resume_and_identity(sample_searcher, llm, tmp_path) -> N
 
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_asgi(app) as (url, _):
+        yield url
 
 
 def test_server_without_llm_refuses_ircot_with_422(sample_searcher) -> None:

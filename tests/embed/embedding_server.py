@@ -41,6 +41,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from tests.loopback import serve_asgi
+
 Embed = Callable[[Sequence[str]], np.ndarray]
 _MODEL_THREAD = ThreadPoolExecutor(1, thread_name_prefix="embedding-server-model")
 
@@ -156,23 +158,9 @@ def embedder(vectors: str) -> Embed:
 @contextmanager
 def serving(state: EmbeddingState) -> Iterator[str]:
     """The server in a thread on 127.0.0.1 at a free port; yields its base URL (…/v1)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(state), log_level="critical",
-                                           lifespan="off", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_asgi(make_app(state), log_level="critical", lifespan="off",
+                    access_log=False) as (url, _):
+        yield f"{url}/v1"
 
 
 def main() -> None:

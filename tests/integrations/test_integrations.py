@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -324,28 +321,14 @@ def test_llamaindex_batch_is_one_retrieval(li: ModuleType, searcher: Searcher,
 def serving(searcher: Searcher, token: str) -> Iterator[str]:
     """uvicorn on 127.0.0.1, a free port, in a thread; yields the base URL (as in
     tests/serve/test_server.py's helper)."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from hippo_gpu.serve.server import ServerConfig, create_app
+    from tests.loopback import serve_asgi
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(searcher, ServerConfig(token=token)),
-                                           log_level="warning", timeout_graceful_shutdown=20))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        assert not thread.is_alive(), "server thread did not stop"
+    with serve_asgi(create_app(searcher, ServerConfig(token=token)),
+                    timeout_graceful_shutdown=20) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,7 @@ the offline reference rankings, and the checks served answers must pass."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +15,7 @@ import uvicorn
 
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.serve.server import ServerConfig, create_app
+from tests.loopback import serve_asgi
 
 
 class Gate:
@@ -40,26 +39,8 @@ class Gate:
 @contextmanager
 def serving(searcher: Any, config: ServerConfig) -> Iterator[tuple[str, uvicorn.Server]]:
     """uvicorn on 127.0.0.1, a free port, in a thread; yields (base URL, server)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(searcher, config), log_level="warning",
-                       timeout_graceful_shutdown=20)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        assert not thread.is_alive(), "server thread did not stop"
+    with serve_asgi(create_app(searcher, config), timeout_graceful_shutdown=20) as served:
+        yield served
 
 
 def subset_index(tmp: Path, searcher: Any, n: int) -> Any:

@@ -4,7 +4,6 @@ queries see, errors that change nothing, and queries answered during writes from
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
+from tests.loopback import serve_asgi  # noqa: E402
 
 TOKEN = "writes-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -27,21 +27,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @contextmanager
 def serving(app) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_asgi(app) as (url, _):
+        yield url
 
 
 @pytest.fixture()
