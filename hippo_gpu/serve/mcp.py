@@ -99,20 +99,16 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     ]
     mode_type = Annotated[Literal[MODES], Field(description="retrieval mode")]  # type: ignore[valid-type]
 
-    async def retrieve(
-        query: query_text,  # type: ignore[valid-type]
-        top_k: top_k_type = min(10, limits.max_top_k),  # type: ignore[valid-type]
-        mode: mode_type = "hipporag2",  # type: ignore[valid-type]
-        index: index_type = None,  # type: ignore[valid-type]
-        entities: entities_type = None,  # type: ignore[valid-type]
-    ) -> RetrieveOut:
-        """Rank the indexed passages for one question; best first."""
+    async def one_query(query: str, top_k: int, mode: str, index: str | None,
+                        entities: list[str] | None, *, explain: bool) -> tuple[str, Any]:
+        """(index name, answer) of one tool call's query; failures as ToolError."""
         _check_arguments(query, mode, entities)
         try:
             served = service.get(index)
             answers = await service.retrieve(
                 [query], top_k=top_k, mode=mode, index=served.name,
-                entities=None if entities is None else [entities], transport="mcp")
+                entities=None if entities is None else [entities], transport="mcp",
+                explain=explain)
         except UnknownIndexError as e:
             raise ToolError(str(e)) from e
         except QueueFullError as e:
@@ -121,8 +117,18 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
             raise ToolError("server shutting down") from e
         if answers[0].error is not None:
             raise ToolError(f"retrieval failed: {answers[0].error}")
-        return RetrieveOut(index=served.name, mode=mode,
-                           hits=[HitOut(**h) for h in answers[0].hits])
+        return served.name, answers[0]
+
+    async def retrieve(
+        query: query_text,  # type: ignore[valid-type]
+        top_k: top_k_type = min(10, limits.max_top_k),  # type: ignore[valid-type]
+        mode: mode_type = "hipporag2",  # type: ignore[valid-type]
+        index: index_type = None,  # type: ignore[valid-type]
+        entities: entities_type = None,  # type: ignore[valid-type]
+    ) -> RetrieveOut:
+        """Rank the indexed passages for one question; best first."""
+        name, answer = await one_query(query, top_k, mode, index, entities, explain=False)
+        return RetrieveOut(index=name, mode=mode, hits=[HitOut(**h) for h in answer.hits])
 
     async def explain(
         query: query_text,  # type: ignore[valid-type]
@@ -133,22 +139,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     ) -> dict[str, Any]:
         """Why each passage ranked where it did: the hits of `retrieve`, each score split into
         one term per seed phrase and one for the dense prior, within a certified bound."""
-        _check_arguments(query, mode, entities)
-        try:
-            served = service.get(index)
-            answers = await service.retrieve(
-                [query], top_k=top_k, mode=mode, index=served.name,
-                entities=None if entities is None else [entities], transport="mcp",
-                explain=True)
-        except UnknownIndexError as e:
-            raise ToolError(str(e)) from e
-        except QueueFullError as e:
-            raise ToolError("server busy: queue full; retry in a second") from e
-        except BatcherClosedError as e:
-            raise ToolError("server shutting down") from e
-        if answers[0].error is not None:
-            raise ToolError(f"retrieval failed: {answers[0].error}")
-        return {"index": served.name, "explanation": answers[0].explanation}
+        name, answer = await one_query(query, top_k, mode, index, entities, explain=True)
+        return {"index": name, "explanation": answer.explanation}
 
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""
