@@ -25,18 +25,20 @@ unchanged passage:
      docstring proves which), or the caller supplies the recomputed lists (a replay).
   5. The graph: fact-pair counts follow from the facts and their occurrence counts (a triple
      (s, p, o) occurring c times adds c to (s, o) and to (o, s), as extract_elements counts it
-     per occurrence), and graph.build_graph combines them with the synonym and passage edges
-     exactly as a build does.
+     per occurrence); graph.patch_graph recomputes the adjacency rows of the nodes the change
+     touches from them, the synonym and the passage edges by build_graph's own functions, and
+     renumbers every other entry (its proof: an entry with two untouched ends is unchanged).
 
 Claim: the result equals `assemble_index` of the changed corpus (same rows, same weights, same
 vectors when the caller's new vectors are those a build would compute), because each table is
 the sorted set a build computes (1, 2), the per-passage occurrence rows are the same facts in
-the same order, and the graph is computed by the same function from the same statistics (5).
+the same order, and the graph's changed entries are computed by the same functions from the
+same statistics (5).
 `tests/test_writer.py` checks it against fresh builds over random operation sequences.
 
 Cost: O(change · log M) Python work (the lookups and the new texts), and array work over the
-index's rows at memory speed (remaps, gathers, the unique over fact pairs and the CSR assembly of
-build_graph): no Python object per unchanged phrase, fact or passage.
+index's rows at memory speed (remaps, run copies, bincounts over the occurrences, elementwise
+passes over the adjacency): no Python object and no sort per unchanged phrase, fact or passage.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Passage, Triple
 from hippo_gpu.graph import GraphPart, fact_text, patch_graph
 from hippo_gpu.index import Index
-from hippo_gpu.synonyms import SynonymEdges, resolve_knn_backend, update_synonym_rows
+from hippo_gpu.synonyms import (
+    SynonymEdges,
+    concat_edges,
+    kept_synonyms,
+    resolve_knn_backend,
+    update_synonym_rows,
+)
 from hippo_gpu.tables import FactTable, PassageTriples, StringTable
 
 __all__ = ["Change", "NewVectors", "Plan", "SynonymUpdate", "apply_change", "change_counts",
@@ -88,6 +96,7 @@ class Plan:
     new_phrase_rows: np.ndarray  # [k_m] rows (new numbering) of phrases the base lacks
     new_fact_rows: np.ndarray  # [k_f] rows of facts the base lacks
     keep: np.ndarray  # [P] bool: old passages kept
+    passage_to_new: np.ndarray  # [P] new passage row of each old one, -1 if removed
     occ_ptr: np.ndarray  # [P' + 1] int64
     occ_fact: np.ndarray  # [T'] int64 fact rows of each triple occurrence
 
@@ -231,7 +240,8 @@ def plan_change(base: Index, change: Change) -> Plan:
     occ_fact = np.concatenate([fact_to_new[occ[kept_occ]], uniq_rows[add_inv.reshape(-1)]])
     return Plan(phrases=phrases, predicates=predicates, spo=np.ascontiguousarray(spo),
                 phrase_to_new=ph_map, fact_to_new=fact_to_new, new_phrase_rows=new_ph_rows,
-                new_fact_rows=new_fact_rows, keep=keep, occ_ptr=occ_ptr,
+                new_fact_rows=new_fact_rows, keep=keep,
+                passage_to_new=np.where(keep, np.cumsum(keep) - 1, -1), occ_ptr=occ_ptr,
                 occ_fact=occ_fact.astype(np.int64))
 
 
@@ -297,8 +307,8 @@ def apply_change(
         lap: called with each stage's name as it ends ("embed_copy", "synonym_knn",
             "adjacency").
 
-    The returned index has no basis (it depends on the whole graph: hippo_gpu.segments
-    solves it when a version is compacted).
+    The returned index has no basis (it depends on the whole graph: a compaction,
+    IndexWriter.compact, solves it).
     """
     lap = lap or (lambda name: None)
     m, f = len(plan.phrases), len(plan.spo)
@@ -306,8 +316,8 @@ def apply_change(
     phrase_emb = _placed(base.phrase_emb, plan.phrase_to_new, m, plan.new_phrase_rows,
                          vectors.phrases)
     fact_emb = _placed(base.fact_emb, plan.fact_to_new, f, plan.new_fact_rows, vectors.facts)
-    passage_to_new = np.where(plan.keep, np.cumsum(plan.keep) - 1, -1)
-    passage_emb = _placed(base.passage_emb, passage_to_new, len(keep_rows) + len(change.passages),
+    passage_emb = _placed(base.passage_emb, plan.passage_to_new,
+                          len(keep_rows) + len(change.passages),
                           np.arange(len(keep_rows), len(keep_rows) + len(change.passages)),
                           vectors.passages)
     lap("embed_copy")
@@ -322,7 +332,11 @@ def apply_change(
             base.phrase_emb.float().cpu()[torch.from_numpy(removed_ph)], config.graph,
             backend=backend, device=device)
         synonyms = SynonymUpdate(affected, fresh)
-    edges = _renumbered(old_edges, plan.phrase_to_new, synonyms, m)
+    else:  # a replay: the stored lists of the affected phrases, the rest renumbered
+        is_affected = np.zeros(m, dtype=bool)
+        is_affected[synonyms.affected] = True
+        kept = kept_synonyms(old_edges, plan.phrase_to_new, is_affected)
+    edges = concat_edges([kept, synonyms.edges])
     lap("synonym_knn")
 
     inc_passage, inc_phrase = _incidence(base, plan, len(change.passages))
@@ -404,22 +418,6 @@ def change_counts(base: Index, change: Change, plan: Plan,
     }
 
 
-def _renumbered(old: SynonymEdges, to_new: np.ndarray, update: SynonymUpdate,
-                m: int) -> SynonymEdges:
-    """The base's lists of unaffected sources, renumbered, then the recomputed ones."""
-    affected = np.zeros(m, dtype=bool)
-    affected[update.affected] = True
-    src = to_new[old.src] if len(old.src) else old.src
-    keep = (src >= 0) & ~affected[np.maximum(src, 0)]
-    dst = to_new[old.dst[keep]]
-    if (dst < 0).any():
-        raise ValueError("a segment's synonym update leaves an edge to a removed phrase")
-    e = update.edges
-    return SynonymEdges(np.concatenate([src[keep], e.src]).astype(np.int64),
-                        np.concatenate([dst, e.dst]).astype(np.int64),
-                        np.concatenate([old.score[keep], e.score]).astype(np.float32))
-
-
 def _incidence(base: Index, plan: Plan, added: int) -> tuple[np.ndarray, np.ndarray]:
     """The new passage -> phrase pairs (passage rows, phrase rows), sorted by passage then
     phrase as a build's: the kept passages' pairs renumbered (monotone: still sorted), then the
@@ -429,7 +427,6 @@ def _incidence(base: Index, plan: Plan, added: int) -> tuple[np.ndarray, np.ndar
     inc_p = base.incidence_passage.numpy()
     inc_ph = base.incidence_phrase.numpy()
     keep_pair = plan.keep[inc_p]
-    new_row = np.cumsum(plan.keep) - 1  # old passage row -> new row (where kept)
     first = int(plan.keep.sum())
     start = int(plan.occ_ptr[first])
     occ_pas = np.repeat(np.arange(first, first + added, dtype=np.int64),
@@ -437,7 +434,7 @@ def _incidence(base: Index, plan: Plan, added: int) -> tuple[np.ndarray, np.ndar
     occ_f = plan.occ_fact[start:]
     add_key = np.unique(np.concatenate([occ_pas * mm + plan.spo[occ_f, 0],
                                         occ_pas * mm + plan.spo[occ_f, 2]]))
-    return (np.concatenate([new_row[inc_p[keep_pair]], add_key // mm]).astype(np.int64),
+    return (np.concatenate([plan.passage_to_new[inc_p[keep_pair]], add_key // mm]).astype(np.int64),
             np.concatenate([plan.phrase_to_new[inc_ph[keep_pair]], add_key % mm])
             .astype(np.int64))
 
@@ -455,8 +452,7 @@ def _patched_graph(base: Index, change: Change, plan: Plan, edges: SynonymEdges,
     occ = np.asarray(base.passage_triples.rows, dtype=np.int64)  # type: ignore[attr-defined]
     spo_old = np.asarray(base.facts.spo, dtype=np.int64)  # type: ignore[attr-defined]
     ph_map = plan.phrase_to_new
-    passage_to_new = np.where(plan.keep, np.cumsum(plan.keep) - 1 + m, -1)
-    node_to_new = np.concatenate([ph_map, passage_to_new])
+    node_to_new = np.concatenate([ph_map, np.where(plan.keep, plan.passage_to_new + m, -1)])
 
     dirty = np.zeros(n, dtype=bool)
     start = int(plan.occ_ptr[int(plan.keep.sum())])

@@ -65,7 +65,7 @@ def _no_edges() -> SynonymEdges:
     return SynonymEdges(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
 
 
-def _concat_edges(parts: Sequence[SynonymEdges]) -> SynonymEdges:
+def concat_edges(parts: Sequence[SynonymEdges]) -> SynonymEdges:
     return SynonymEdges(np.concatenate([e.src for e in parts]),
                         np.concatenate([e.dst for e in parts]),
                         np.concatenate([e.score for e in parts]).astype(np.float32))
@@ -187,6 +187,21 @@ def sample_recall(edges: SynonymEdges, rows: np.ndarray, exact: SynonymEdges,
 _AFFECTED_MARGIN = 1e-4
 
 
+def kept_synonyms(old: SynonymEdges, to_new: np.ndarray, affected: np.ndarray) -> SynonymEdges:
+    """The old lists of the phrases whose list does not change (`affected` [M] false, the source
+    kept), renumbered by `to_new` [M_old] (-1: removed). Their neighbours all survive: a removed
+    neighbour would be within the threshold, making the phrase affected (update_synonym_rows);
+    an edge to a removed phrase therefore means the affected set is wrong, and raises."""
+    src_new = to_new[old.src] if len(old.src) else old.src
+    keep = (src_new >= 0) & ~affected[np.maximum(src_new, 0)]
+    kept = SynonymEdges(src_new[keep].astype(np.int64), to_new[old.dst[keep]].astype(np.int64),
+                        old.score[keep].astype(np.float32))
+    if (kept.dst < 0).any():
+        raise ValueError("a kept synonym points to a removed phrase: the affected set misses "
+                         "its source")
+    return kept
+
+
 def update_synonym_rows(
     to_new: np.ndarray, old: SynonymEdges, new_phrases: Sequence[str], new_emb: torch.Tensor,
     added: np.ndarray, removed_emb: torch.Tensor, cfg: GraphConfig, *,
@@ -227,13 +242,7 @@ def update_synonym_rows(
             best = (base[start:start + chunk] @ changed.T).max(dim=1).values  # [B]
             affected[start:start + chunk] |= \
                 (best >= cfg.synonym_threshold - _AFFECTED_MARGIN).cpu().numpy()
-    # copy the lists of unaffected phrases, renumbered (their neighbours all survive: a removed
-    # neighbour would be within the threshold, making the phrase affected)
-    src_new = to_new[old.src] if len(old.src) else old.src
-    keep = (src_new >= 0) & ~affected[np.maximum(src_new, 0)]
-    kept = SynonymEdges(src_new[keep], to_new[old.dst[keep]], old.score[keep])
-    if (kept.dst < 0).any():
-        raise AssertionError("a kept synonym points to a removed phrase")  # the claim above
+    kept = kept_synonyms(old, to_new, affected)
     rows = np.nonzero(affected)[0]
     if not len(rows):
         return kept, _no_edges(), rows
@@ -262,7 +271,7 @@ def _search_edges(index: AnnIndex, x: np.ndarray, rows: np.ndarray, k: int,
     if more.any():
         s2, i2 = index.search(x[rows[more]], k)
         parts.append(_walk(s2, i2, rows[more], eligible, empty, cfg))
-    return _concat_edges(parts)
+    return concat_edges(parts)
 
 
 def approximate_synonym_edges(
@@ -328,7 +337,7 @@ def approximate_synonym_edges(
             for start in range(0, len(rows_all), chunk):
                 parts.append(edges_of(rows_all[start:start + chunk]))
                 bar.update(min(chunk, len(rows_all) - start))
-        edges = symmetrize_synonym_edges(_concat_edges(parts), eligible,
+        edges = symmetrize_synonym_edges(concat_edges(parts), eligible,
                                          cfg.synonym_max_neighbors)
         recall = sample_recall(edges, sample, exact, m)
         if recall >= target_recall or not index.widen():
