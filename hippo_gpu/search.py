@@ -153,13 +153,17 @@ class Searcher(EntityPaths):
         the segments committed since (versions.refresh_index: no reload of the base), with the
         same settings and query encoder; this searcher itself when nothing was committed."""
         index = refresh_index(self.index)
-        if index is self.index:
-            return self
-        return Searcher(index, self.config, query_precision=self.encoder_config.precision,
-                        query_batch_size=self.encoder_config.query_batch_size,
-                        query_backend=self.encoder_config.backend,
+        return self if index is self.index else self.over(index)
+
+    def over(self, index: Index) -> Searcher:
+        """A searcher with this one's settings and query encoder over another version of the
+        same index (a commit's, a refresh's)."""
+        enc = self.encoder_config
+        return Searcher(index, self.config, query_precision=enc.precision,
+                        query_batch_size=enc.query_batch_size, query_backend=enc.backend,
                         encoder=self._query_encoder, cache_dir=self._cache_dir,
-                        profile=self.profile)
+                        profile=self.profile,
+                        query_base_url=enc.base_url if enc.is_remote else None)
 
     @property
     def encoder(self) -> Encoder:

@@ -869,3 +869,29 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
     assert shrunk_res.recall == head_res.recall
     assert sum(a[:10] == b[:10] for a, b in zip(shrunk_res.ranked_keys,
                                                 head_res.ranked_keys)) >= 98
+
+
+def test_a_searcher_refreshes_by_replaying_new_segments(enc, sample, base_dir, tmp_path,
+                                                        monkeypatch):
+    """Searcher.refresh after another writer's commits: the base is not read again (only the
+    new segments), the refreshed version equals a load of the directory, with the same
+    settings and encoder; with nothing new it returns the searcher itself."""
+    import hippo_gpu.versions as versions_module
+    from hippo_gpu import Searcher
+
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    searcher = Searcher(load_index(index_dir, device="cpu"), encoder=enc)
+    assert searcher.refresh() is searcher
+    with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
+        w.insert(sample["corpus"][20:24], sample["openie_path"])
+        w.commit()
+        w.delete([sample["corpus"][2].key])
+    reads = []
+    real = versions_module.read_index_dir
+    monkeypatch.setattr(versions_module, "read_index_dir",
+                        lambda path, **kw: reads.append(kw.get("after")) or real(path, **kw))
+    fresh = searcher.refresh()
+    assert reads == [1]  # only what came after version 1: the two segments
+    assert fresh is not searcher and fresh.encoder is enc and fresh.config == searcher.config
+    assert_same_index(fresh.index, load_index(index_dir, device="cpu"))
+    assert fresh.index.version == 3 and fresh.refresh() is fresh

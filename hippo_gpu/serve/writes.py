@@ -103,10 +103,8 @@ class SearcherHolder:
 
     def _switch(self, index: Index) -> None:
         old = self._searcher
-        self._searcher = Searcher(index.to(old.device, old.index.precision), old.config,
-                                  query_precision=old.encoder_config.precision,
-                                  query_batch_size=old.encoder_config.query_batch_size,
-                                  encoder=old.encoder)
+        old.encoder  # noqa: B018 - load it now, so every later version shares this one
+        self._searcher = old.over(index.to(old.device, old.index.precision))
 
     def _schedule_compaction(self) -> None:
         if self.compact_quiet is None or (self._compactor and self._compactor.is_alive()):
