@@ -178,7 +178,8 @@ def main() -> None:
             outs.append(work / f"local-{t}.jsonl")
             results.append(run_local(index, queries, outs[-1], t, args))
             print(results[-1], flush=True)
-        ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False,
+                 log_to_driver=False)
         try:
             for w in [int(x) for x in args.workers.split(",")]:
                 outs.append(work / f"ray-{w}.jsonl")

@@ -7,10 +7,13 @@ same tools are mounted on `hippo-gpu serve` at /mcp (streamable HTTP); see hippo
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+from pathlib import Path
 
 import typer
 
+from hippo_gpu.cli.reasoning import DATASET_HELP, PASSAGES_HELP, PROMPT_HELP, make_reasoner
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.config import QueryLimits
 
@@ -39,8 +42,16 @@ def mcp(
                                         help="longer queries: tool error"),
     max_top_k: int = typer.Option(_LIMITS.max_top_k, min=1, help="larger top_k: tool error"),
     warmup: bool = typer.Option(True, help="load the encoder and solvers before answering"),
+    llm: str | None = typer.Option(None, help="LLM writing IRCoT thoughts: adds the tool "
+                                              "retrieve_ircot (thoughts cached beside the first "
+                                              "index)"),
+    max_ircot_steps: int = typer.Option(8, min=1, help="largest retrieve_ircot max_steps"),
+    ircot_prompt: Path | None = typer.Option(None, help=PROMPT_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
-    """Serve the MCP tools `retrieve` and `stats` and the resource passage://{key} over stdio."""
+    """Serve the MCP tools `retrieve`, `explain` and `stats` (with --llm also `retrieve_ircot`)
+    and the resource passage://{key} over stdio."""
     try:
         import anyio
 
@@ -70,5 +81,16 @@ def mcp(
                 raise typer.BadParameter(f"--index {path}: {e}") from e
     service = RetrievalService(searchers, BatcherConfig(max_batch, max_wait_ms, max_queue))
     limits = QueryLimits(max_query_chars=max_query_chars, max_top_k=max_top_k)
-    anyio.run(serve_stdio, service, limits)
+    reasoner = None
+    if llm is not None:
+        first = next(iter(specs.values()))
+        reasoner = make_reasoner(llm, first.parent / f"{first.name}.llm-cache.sqlite",
+                                 dataset=dataset, prompt_file=ircot_prompt,
+                                 max_passages=ircot_passages)
+    try:
+        anyio.run(functools.partial(serve_stdio, service, limits, reasoner=reasoner,
+                                    max_ircot_steps=max_ircot_steps))
+    finally:
+        if reasoner is not None:
+            reasoner.close()
 

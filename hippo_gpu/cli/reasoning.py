@@ -13,7 +13,7 @@ from hippo_gpu.cli.common import fail
 if TYPE_CHECKING:
     from hippo_gpu.llm.backends import Backend
     from hippo_gpu.llm.cache import LLMCache
-    from hippo_gpu.llm.ircot import IRCoTReasoner
+    from hippo_gpu.llm.ircot import IRCoTReasoner, ReasonerSpec
 
 MAX_STEPS_HELP = "IRCoT steps per question: its own retrieval, then up to S-1 thoughts"
 PROMPT_HELP = ("IRCoT prompt file: .json {\"system\", \"demos\": [[user, assistant], ...]} or "
@@ -36,6 +36,22 @@ def make_reasoner(llm: str | Backend, cache: LLMCache | Path | None, *, dataset:
                              max_passages=max_passages)
     except (IRCoTPromptError, BackendSpecError, ValueError) as e:
         fail(str(e))
+
+
+def reasoner_spec(llm: str, *, dataset: str | None, prompt_file: Path | None,
+                  max_passages: int | None) -> ReasonerSpec:
+    """What Ray Serve replicas open as their reasoner (no cache: see ray_serve), checked here
+    so a bad spec or prompt file fails the command, not every replica's start."""
+    from hippo_gpu.llm.backends import BackendSpecError, parse_spec
+    from hippo_gpu.llm.ircot import ReasonerSpec
+    from hippo_gpu.llm.ircot_prompts import IRCoTPromptError, read_ircot_prompt
+
+    try:
+        parse_spec(llm)
+        prompt = read_ircot_prompt(prompt_file) if prompt_file is not None else None
+    except (IRCoTPromptError, BackendSpecError, ValueError) as e:
+        fail(str(e))
+    return ReasonerSpec(llm, None, prompt=prompt, dataset=dataset, max_passages=max_passages)
 
 
 def check_max_steps(max_steps: int) -> int:

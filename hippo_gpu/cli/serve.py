@@ -19,12 +19,19 @@ from typing import TYPE_CHECKING
 import typer
 
 from hippo_gpu.cli.common import QUERY_ENCODER_HELP
-from hippo_gpu.cli.reasoning import DATASET_HELP, PASSAGES_HELP, PROMPT_HELP, make_reasoner
+from hippo_gpu.cli.reasoning import (
+    DATASET_HELP,
+    PASSAGES_HELP,
+    PROMPT_HELP,
+    make_reasoner,
+    reasoner_spec,
+)
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.config import QueryLimits, ServerConfig
 
 if TYPE_CHECKING:
+    from hippo_gpu.llm.ircot import ReasonerSpec
     from hippo_gpu.searcher_spec import SearcherSpec
 
 log = logging.getLogger(__name__)
@@ -156,8 +163,11 @@ def serve(
         except ValueError as e:
             raise typer.BadParameter(f"--index {path}: {e}") from e
     if ray is not None:
+        reasoning = None if llm is None else reasoner_spec(
+            llm, dataset=dataset, prompt_file=ircot_prompt, max_passages=ircot_passages)
         _serve_on_ray(ray, specs, config, writable=writable, host=host, port=port,
-                      replicas=replicas, cpus=cpus_per_replica, gpus=gpus_per_replica)
+                      replicas=replicas, cpus=cpus_per_replica, gpus=gpus_per_replica,
+                      reasoning=reasoning)
         return
     holders: dict[str, SearcherHolder] = {}
     for name, spec in specs.items():
@@ -193,7 +203,7 @@ def serve(
 
 def _serve_on_ray(address: str, specs: Mapping[str, SearcherSpec], config: ServerConfig, *,
                   writable: bool, host: str, port: int, replicas: int, cpus: float,
-                  gpus: float) -> None:
+                  gpus: float, reasoning: ReasonerSpec | None) -> None:
     """`serve --ray`: the same app on Ray Serve replicas (hippo_gpu.distributed.ray_serve),
     each opening the one index's spec (an absolute path; threads: the replica's Ray CPUs,
     rounded, at least 1, unless --threads is given)."""
@@ -209,7 +219,7 @@ def _serve_on_ray(address: str, specs: Mapping[str, SearcherSpec], config: Serve
         from hippo_gpu.distributed.ray_serve import serve_until_signal
 
         serve_until_signal(address, spec, config, host=host, port=port, replicas=replicas,
-                           cpus_per_replica=cpus, gpus_per_replica=gpus,
+                           cpus_per_replica=cpus, gpus_per_replica=gpus, reasoning=reasoning,
                            say=lambda line: typer.echo(line, err=True))
     except (ImportError, ValueError, FileNotFoundError, ConnectionError) as e:
         raise typer.BadParameter(f"--ray {address}: {e}") from e

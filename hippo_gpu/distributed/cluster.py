@@ -20,13 +20,15 @@ def connect(address: str, *, num_cpus: int | None = None) -> bool:
     Ray cluster unless this process is already connected. Returns whether this call connected,
     i.e. whether the caller should `ray.shutdown()` when done.
 
-    A local instance gets `num_cpus` (default: all cores) and no dashboard.
+    A local instance ("local": always a new one, even where a cluster already runs on this
+    machine) gets `num_cpus` (default: all cores) and no dashboard.
     """
     ray = import_ray()
     if ray.is_initialized():
         return False
     if address == "local":
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
     return True

@@ -27,6 +27,10 @@ Shared storage. Every replica reads the index directory at the same path: on a c
 machines it must be on storage every node mounts there (NFS, a cluster file system). Writes are
 not served (`--writable` would change one replica's index only).
 
+IRCoT ("ircot" in a retrieve request): with a `ReasonerSpec` each replica opens its own thought
+source (its own LLM client), without a thought cache unless the spec names one: one SQLite file
+shared by replicas on several machines over network storage is not safe.
+
 The bearer token travels to the replicas inside the deployment's (pickled) constructor
 arguments, never through environment variables, which Ray shows in its dashboard.
 """
@@ -47,6 +51,7 @@ try:
 except ImportError as e:
     raise ImportError("serve --ray needs Ray Serve: pip install 'hippo-gpu[ray]'") from e
 
+from hippo_gpu.llm.ircot import ReasonerSpec
 from hippo_gpu.searcher_spec import SearcherSpec
 from hippo_gpu.serve.server import ServerConfig, create_app
 from hippo_gpu.store import read_manifest
@@ -66,29 +71,40 @@ class HippoReplica:
         spec: what the replica opens (its index path readable on every node; warm it up, as
             the plain server does, so /readyz means ready and the first client does not pay).
         config: the server's limits and token.
+        reasoning: the IRCoT thought source each replica opens ("ircot" requests), or None
+            (such requests get the plain server's 422).
     """
 
-    def __init__(self, spec: SearcherSpec, config: ServerConfig) -> None:
+    def __init__(self, spec: SearcherSpec, config: ServerConfig,
+                 reasoning: ReasonerSpec | None = None) -> None:
         t0 = time.perf_counter()
         self.searcher = spec.open()
         self.config = config
+        self.reasoner = reasoning.open() if reasoning is not None else None
         log.info("replica loaded %s in %.1f s", spec.index, time.perf_counter() - t0)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.searcher, self.config)
+        return create_app(self.searcher, self.config, reasoner=self.reasoner)
+
+    def __del__(self) -> None:  # Serve calls it when it stops the replica
+        reasoner = getattr(self, "reasoner", None)
+        if reasoner is not None:
+            reasoner.close()
 
 
 def replica_application(spec: SearcherSpec, config: ServerConfig | None = None, *,
                         replicas: int = 1, cpus_per_replica: float = 1.0,
-                        gpus_per_replica: float = 0.0) -> Any:
+                        gpus_per_replica: float = 0.0,
+                        reasoning: ReasonerSpec | None = None) -> Any:
     """The Ray Serve application (`serve.run` it): `replicas` copies of
-    HippoReplica(spec, config).
+    HippoReplica(spec, config, reasoning).
 
     Args:
         spec: what every replica opens.
         config: how every replica serves (default: ServerConfig()).
         replicas: number of replicas (each holds one loaded index).
         cpus_per_replica, gpus_per_replica: Ray resources of one replica.
+        reasoning: what every replica opens to answer "ircot" requests (None: 422).
     """
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -106,7 +122,7 @@ def replica_application(spec: SearcherSpec, config: ServerConfig | None = None, 
         # As the plain server: open requests get up to 30 s to finish at shutdown.
         graceful_shutdown_timeout_s=30,
     )(HippoReplica)
-    return deployment.bind(spec, config)
+    return deployment.bind(spec, config, reasoning)
 
 
 @dataclass
@@ -125,7 +141,8 @@ class ServeHandle:
 
 def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str = "127.0.0.1",
            port: int = 8000, replicas: int = 1, cpus_per_replica: float = 1.0,
-           gpus_per_replica: float = 0.0, name: str = APP_NAME) -> ServeHandle:
+           gpus_per_replica: float = 0.0, name: str = APP_NAME,
+           reasoning: ReasonerSpec | None = None) -> ServeHandle:
     """Deploy the server on the connected Ray cluster and wait until every replica is ready.
 
     Serve's HTTP proxy listens on host:port when this call starts Serve; when Serve already
@@ -146,7 +163,7 @@ def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str 
     if running is None:
         serve.start(http_options={"host": host, "port": port})
     app = replica_application(spec, config, replicas=replicas, cpus_per_replica=cpus_per_replica,
-                              gpus_per_replica=gpus_per_replica)
+                              gpus_per_replica=gpus_per_replica, reasoning=reasoning)
     try:
         serve.run(app, name=name, route_prefix="/")
     except BaseException:
@@ -158,7 +175,7 @@ def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str 
 
 def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | None = None, *,
                        host: str, port: int, replicas: int, cpus_per_replica: float = 1.0,
-                       gpus_per_replica: float = 0.0,
+                       gpus_per_replica: float = 0.0, reasoning: ReasonerSpec | None = None,
                        say: Callable[[str], None] = print) -> None:
     """`hippo-gpu serve --ray ADDRESS`: connect to (or, for "local", start) Ray, deploy, serve
     until SIGINT or SIGTERM, then remove the deployment (Ray Serve lets open requests finish)
@@ -175,7 +192,8 @@ def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | 
     try:
         started_ray = connect(address)
         handle = deploy(spec, config, host=host, port=port, replicas=replicas,
-                        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica)
+                        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica,
+                        reasoning=reasoning)
         try:
             say(f"serving {spec.index} on {handle.url} with {replicas} Ray Serve replicas; "
                 "Ctrl-C stops")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from hippo_gpu.llm.ircot_prompts import ircot_prompt
 from hippo_gpu.llm.llm_step import LLMStep
 from hippo_gpu.llm.prompts import PromptTemplate
 
-__all__ = ["IRCoTReasoner", "parse_thought"]
+__all__ = ["IRCoTReasoner", "ReasonerSpec", "parse_thought"]
 
 _LABEL = re.compile(r"^(?:thought\s*:\s*)+", re.IGNORECASE)
 
@@ -138,3 +139,27 @@ class IRCoTReasoner(LLMStep):
         if todo:
             self.backend.generate([self.request(requests[i]) for i in todo], on_result)
         return [t if t is not None else Thought(None, "not_run") for t in out]
+
+
+@dataclass(frozen=True)
+class ReasonerSpec:
+    """What opens an IRCoTReasoner elsewhere (a Ray Serve replica): plain, picklable values.
+
+    Args:
+        llm: backend spec string (e.g. "openai:MODEL@URL"); the opened reasoner owns it.
+        cache: cache path on the opening machine, or None (no cache: a replica on another
+            node must not share one SQLite file over network storage).
+        prompt: the prompt template (None: the dataset's).
+        dataset: picks the default prompt.
+        max_passages: passages shown per thought (None: all).
+    """
+
+    llm: str
+    cache: Path | None = None
+    prompt: PromptTemplate | None = None
+    dataset: str | None = None
+    max_passages: int | None = None
+
+    def open(self) -> IRCoTReasoner:
+        return IRCoTReasoner(self.llm, self.cache, prompt=self.prompt, dataset=self.dataset,
+                             max_passages=self.max_passages)

@@ -7,6 +7,9 @@ Tools:
         -> {"index", "explanation": {"query", "seeds", "facts", "hits", "phrases", ...}}: each
         hit's score split into one term per seed and one for the dense prior
         (hippo_gpu.explain; the JSON of POST /v1/explain)
+    retrieve_ircot(query, max_steps=3, top_k=10, mode="hipporag2", index=None, entities=None)
+        -> {"index", "mode", "hits", "thoughts", "steps", "stop", "error"}: IRCoT (serve/ircot.py,
+        the HTTP API's "ircot"), only on a server given a thought source (`reasoner`)
     stats() -> {"indexes": [{"name", "version", "passages", "memory_bytes", "device",
                              "precision", "counts": {...}, "batcher": {...}}, ...]}
 Resource:
@@ -39,8 +42,10 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp
 
 from hippo_gpu.config import MODES
+from hippo_gpu.ircot import ThoughtSource
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.config import QueryLimits
+from hippo_gpu.serve.ircot import answer_ircot, trace
 from hippo_gpu.serve.service import RetrievalService, UnknownIndexError
 
 __all__ = ["MountedMCP", "build_mcp_server", "mount_streamable_http", "serve_stdio"]
@@ -73,8 +78,18 @@ class RetrieveOut(BaseModel):
     hits: list[HitOut] = Field(description="best first")
 
 
-def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = None) -> MCPServer:
-    """An `MCPServer` whose tools answer through `service` (started by the caller)."""
+class IRCoTOut(RetrieveOut):
+    thoughts: list[str] = Field(description="the reasoning steps written, in order")
+    steps: int = Field(description="retrievals made: the question's own plus one per thought")
+    stop: str = Field(description="why the loop ended (answered, max_steps, thought_failed, ...)")
+    error: str | None = Field(description="the failure behind a failed stop, else null")
+
+
+def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = None, *,
+                     reasoner: ThoughtSource | None = None,
+                     max_ircot_steps: int = 8) -> MCPServer:
+    """An `MCPServer` whose tools answer through `service` (started by the caller); with a
+    `reasoner` also `retrieve_ircot`, its max_steps at most `max_ircot_steps`."""
     limits = limits or QueryLimits()
     names = service.names
     server: MCPServer = MCPServer(
@@ -98,6 +113,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
                                          f"{service.default!r})"),
     ]
     mode_type = Annotated[Literal[MODES], Field(description="retrieval mode")]  # type: ignore[valid-type]
+    steps_type = Annotated[int, Field(ge=1, le=max_ircot_steps, description=(
+        "retrievals at most: the question's own, then one per thought"))]
 
     async def one_query(query: str, top_k: int, mode: str, index: str | None,
                         entities: list[str] | None, *, explain: bool) -> tuple[str, Any]:
@@ -142,6 +159,35 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         name, answer = await one_query(query, top_k, mode, index, entities, explain=True)
         return {"index": name, "explanation": answer.explanation}
 
+    async def retrieve_ircot(
+        query: query_text,  # type: ignore[valid-type]
+        max_steps: steps_type = min(3, max_ircot_steps),  # type: ignore[valid-type]
+        top_k: top_k_type = min(10, limits.max_top_k),  # type: ignore[valid-type]
+        mode: mode_type = "hipporag2",  # type: ignore[valid-type]
+        index: index_type = None,  # type: ignore[valid-type]
+        entities: entities_type = None,  # type: ignore[valid-type]
+    ) -> IRCoTOut:
+        """Multi-step retrieval: the question's ranking, then an LLM thought per step, each
+        retrieved in turn; every passage found keeps its best score, best first."""
+        assert reasoner is not None  # registered only with one
+        _check_arguments(query, mode, entities)
+        try:
+            served = service.get(index)
+            answers, results = await answer_ircot(
+                service, reasoner, [query], top_k=top_k, mode=mode, max_steps=max_steps,
+                entities=None if entities is None else [entities], index=served.name,
+                transport="mcp")
+        except UnknownIndexError as e:
+            raise ToolError(str(e)) from e
+        except QueueFullError as e:
+            raise ToolError("server busy: queue full; retry in a second") from e
+        except BatcherClosedError as e:
+            raise ToolError("server shutting down") from e
+        if answers[0].error is not None:
+            raise ToolError(f"retrieval failed: {answers[0].error}")
+        return IRCoTOut(index=served.name, mode=mode, hits=[HitOut(**h) for h in answers[0].hits],
+                        **trace(results[0]))
+
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""
         out = []
@@ -161,6 +207,10 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
 
     server.tool(name="retrieve", annotations=read_only, structured_output=True)(retrieve)
     server.tool(name="explain", annotations=read_only)(explain)
+    if reasoner is not None:  # an LLM writes the thoughts: not read-only in the hint's sense
+        server.tool(name="retrieve_ircot", structured_output=True,
+                    annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True)
+                    )(retrieve_ircot)
     server.tool(name="stats", annotations=read_only)(stats)
     server.resource("passage://{key}", name="passage", mime_type="application/json",
                     description="one indexed passage by key: title, text and the indexes that "
@@ -188,7 +238,8 @@ class MountedMCP(NamedTuple):
 
 
 def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: str, *,
-                          dns_rebinding_guard: bool) -> MountedMCP:
+                          dns_rebinding_guard: bool, reasoner: ThoughtSource | None = None,
+                          max_ircot_steps: int = 8) -> MountedMCP:
     """The MCP tools over streamable HTTP at `path`, for another ASGI app to route to.
 
     Stateless with JSON responses: every POST carries a whole exchange, so nothing is kept per
@@ -196,7 +247,8 @@ def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: 
     loopback Host and Origin headers are accepted, so a web page cannot reach a local server
     through a rebound DNS name; with a token the token is the guard.
     """
-    server = build_mcp_server(service, limits)
+    server = build_mcp_server(service, limits, reasoner=reasoner,
+                              max_ircot_steps=max_ircot_steps)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=dns_rebinding_guard,
         allowed_hosts=_LOOPBACK_HOSTS, allowed_origins=_LOOPBACK_ORIGINS)  # fmt: skip
@@ -206,8 +258,10 @@ def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: 
     return MountedMCP(manager, StreamableHTTPASGIApp(manager))
 
 
-async def serve_stdio(service: RetrievalService, limits: QueryLimits | None = None) -> None:
+async def serve_stdio(service: RetrievalService, limits: QueryLimits | None = None, *,
+                      reasoner: ThoughtSource | None = None, max_ircot_steps: int = 8) -> None:
     """Answer MCP over stdin/stdout until the client closes it; starts and drains `service`."""
-    server = build_mcp_server(service, limits)
+    server = build_mcp_server(service, limits, reasoner=reasoner,
+                              max_ircot_steps=max_ircot_steps)
     async with service:
         await server.run_stdio_async()

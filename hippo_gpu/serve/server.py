@@ -141,7 +141,7 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
         named = {DEFAULT_INDEX: searcher}
     metrics = Metrics()
     service = RetrievalService(named, config.batcher, metrics)
-    mcp_app = _mcp_app(service, config)
+    mcp_app = _mcp_app(service, config, reasoner)
     app = FastAPI(
         title="hippo-gpu",
         summary="Batched HippoRAG retrieval with dynamic micro-batching",
@@ -403,7 +403,8 @@ def _add_write_routes(app: FastAPI, service: RetrievalService, config: ServerCon
         app.include_router(write_router(holders, auth.dependencies[0], auth.responses))
 
 
-def _mcp_app(service: RetrievalService, config: ServerConfig) -> Any:
+def _mcp_app(service: RetrievalService, config: ServerConfig,
+             reasoner: ThoughtSource | None) -> Any:
     """The MCP streamable-HTTP endpoint over `service`, or None (config.mcp, or no `mcp`)."""
     if config.mcp is False or (config.mcp is None and importlib.util.find_spec("mcp") is None):
         return None
@@ -413,7 +414,8 @@ def _mcp_app(service: RetrievalService, config: ServerConfig) -> Any:
         raise ImportError("ServerConfig(mcp=True) needs the `mcp` package: pip install "
                           "'hippo-gpu[mcp]'") from e
     return mount_streamable_http(service, config.limits, MCP_PATH,
-                                 dns_rebinding_guard=config.token is None)
+                                 dns_rebinding_guard=config.token is None, reasoner=reasoner,
+                                 max_ircot_steps=config.max_ircot_steps)
 
 
 def _gauges(served: ServedIndex) -> IndexGauges:

@@ -31,12 +31,14 @@ pytest.importorskip("fastapi")
 
 from hippo_gpu.config import MODES  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
+from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 from tests.serve.helpers import (  # noqa: E402
     assert_no_leak,
     assert_same_ranking,
     entity_variants,
     offline_hits,
 )
+from tests.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 
 TOKEN = "ray-serve-token-5d2e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -45,11 +47,18 @@ LIMITS = {"max_queries_per_request": 4, "max_query_chars": 100, "max_top_k": 50,
 
 
 @pytest.fixture(scope="module")
-def served(sample_index_dir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """(base URL, CLI process) of `hippo-gpu serve --ray <this Ray> --replicas 2`."""
+def llm() -> Iterator[str]:
+    """The spec string of a scripted OpenAI-compatible thought source on loopback."""
+    with scripted_llm(SCRIPT) as (_, spec):
+        yield spec
+
+
+@pytest.fixture(scope="module")
+def served(sample_index_dir: Path, llm: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(base URL, CLI process) of `hippo-gpu serve --ray <this Ray> --replicas 2 --llm ...`."""
     from ray import serve
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -59,6 +68,7 @@ def served(sample_index_dir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
            "--ray", ray.get_runtime_context().gcs_address, "--replicas", "2",
            "--cpus-per-replica", "0.5", "--threads", "1", "--port", str(port), "--device", "cpu",
            "--token-env", "HIPPO_TEST_TOKEN", "--max-batch", "16", "--max-wait-ms", "50",
+           "--llm", llm, "--max-ircot-steps", "4",
            *[a for k, v in LIMITS.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -123,6 +133,29 @@ def test_two_replicas_run_and_answer_like_the_offline_searcher(served, sample_se
     assert 0 < stats["requests_served"] < len(requests)  # the other replica served the rest
     assert stats["batches_served"] < stats["requests_served"]  # its batcher merged requests
     assert stats["max_batch_size_seen"] <= 16
+
+
+def test_replicas_answer_ircot_as_the_offline_loop(served, sample_searcher, llm):
+    """Each replica opens its own thought source from the CLI's --llm: a request's merged
+    ranking and thoughts equal the offline batched loop's with the same scripted thoughts."""
+    from hippo_gpu.ircot import ircot_retrieve
+    from hippo_gpu.llm.ircot import IRCoTReasoner
+
+    url, _ = served
+    offline = ircot_retrieve(sample_searcher, QUESTIONS[:4], IRCoTReasoner(fast_backend(llm)),
+                             max_steps=3, top_k=3).results
+    r = httpx.post(url + "/v1/retrieve", headers=AUTH, timeout=60,
+                   json={"queries": QUESTIONS[:4], "top_k": 3, "ircot": {"max_steps": 3}})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    for hits, trace, res in zip(got["results"], got["ircot"], offline, strict=True):
+        assert [h["key"] for h in hits] == [h.key for h in res.hits]
+        assert [h["score"] for h in hits] == pytest.approx([h.score for h in res.hits],
+                                                           rel=1e-5, abs=1e-7)
+        assert trace["thoughts"] == res.thoughts and trace["stop"] == res.stop
+    over = httpx.post(url + "/v1/retrieve", headers=AUTH, timeout=30,
+                      json={"queries": QUESTIONS[:1], "top_k": 3, "ircot": {"max_steps": 5}})
+    assert over.status_code == 422  # --max-ircot-steps 4 holds on every replica
 
 
 def test_seed_facts_are_served(served, sample_searcher):

@@ -142,6 +142,51 @@ def test_stdio_command(sample_index_dir: Path, sample_searcher: Any) -> None:
     asyncio.run(asyncio.wait_for(run(), 600))
 
 
+def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
+                                               sample_searcher: Any) -> None:
+    """`hippo-gpu mcp --llm SPEC` adds retrieve_ircot: the merged ranking and the thoughts of
+    the offline batched loop fed the same scripted thoughts; its max_steps capped."""
+    from hippo_gpu.ircot import ircot_retrieve
+    from hippo_gpu.llm.ircot import IRCoTReasoner
+    from tests.scripted_llm import fast_backend, scripted_llm
+    from tests.test_ircot import QUESTIONS as IRCOT_QUESTIONS
+    from tests.test_ircot import SCRIPT
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with scripted_llm(SCRIPT) as (llm, spec):
+        offline = ircot_retrieve(sample_searcher, IRCOT_QUESTIONS, IRCoTReasoner(
+            fast_backend(spec)), max_steps=3, top_k=4).results
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "hippo_gpu.cli", "mcp", "--index", str(sample_index_dir), "--device",
+                  "cpu", "--no-warmup", "--llm", spec, "--max-ircot-steps", "3"],
+            env=env, cwd=str(REPO))  # fmt: skip
+
+        async def run() -> None:
+            async with Client(params, read_timeout_seconds=300) as client:
+                tools = {t.name: t for t in (await client.list_tools()).tools}
+                assert set(tools) == {"retrieve", "retrieve_ircot", "explain", "stats"}
+                steps = tools["retrieve_ircot"].input_schema["properties"]["max_steps"]
+                assert steps["maximum"] == 3 and steps["default"] == 3
+                for question, want in zip(IRCOT_QUESTIONS, offline, strict=True):
+                    r = await client.call_tool("retrieve_ircot",
+                                               {"query": question, "top_k": 4})
+                    assert not r.is_error, r.content
+                    got = r.structured_content
+                    assert [h["key"] for h in got["hits"]] == [h.key for h in want.hits]
+                    assert [h["score"] for h in got["hits"]] == pytest.approx(
+                        [h.score for h in want.hits], rel=1e-5, abs=1e-6)
+                    assert (got["thoughts"], got["steps"], got["stop"], got["error"]) == (
+                        want.thoughts, want.steps, want.stop, None)
+                for args, needle in (({"query": "x", "max_steps": 4}, "max_steps"),
+                                     ({"query": "x", "mode": "hipporag1"}, "needs entities")):
+                    r = await client.call_tool("retrieve_ircot", args)
+                    assert r.is_error and needle in r.content[0].text, r.content
+
+        asyncio.run(asyncio.wait_for(run(), 600))
+    assert llm.requests, "the thoughts came from the scripted endpoint"
+
+
 def _holds_mcp_error(e: BaseException) -> bool:
     """`e` is an MCPError or an exception group (3.10: the backport) holding one."""
     inner = getattr(e, "exceptions", None)
