@@ -44,7 +44,7 @@ from hippo_gpu.graph import (
     fact_text,
     phrase_passage_counts,
 )
-from hippo_gpu.index import Index
+from hippo_gpu.index import Index, triple_report
 from hippo_gpu.ppr.basis import PassageBasis, solve_basis
 from hippo_gpu.synonyms import synonym_edges
 from hippo_gpu.tables import PassageTriples
@@ -214,7 +214,8 @@ def assemble_index(
 
     counts = dict(graph_out.counts)
     counts["synonym_pairs"] = int(len(synonyms.src))
-    report = {**_triple_report(state, per_passage), **state.extra, "synonym_knn": knn_info}
+    report = {**triple_report(state.malformed, state.error, per_passage), **state.extra,
+              "synonym_knn": knn_info}
     return Index(
         config=config,
         adjacency=graph_out.adjacency,
@@ -334,23 +335,6 @@ def _embed_elements(vectors: _Vectors, passage_texts: list[str],
                      vectors([fact_text(f) for f in elements.facts], "facts"))
 
 
-def _triple_report(state: CorpusState, per_passage: np.ndarray) -> dict[str, Any]:
-    """The build report's triple counts (`per_passage` [P]: triples kept per passage)."""
-    malformed = sum(sum(m.values()) for m in state.malformed)
-    by_reason: dict[str, int] = {}
-    for m in state.malformed:
-        for reason, count in m.items():
-            by_reason[reason] = by_reason.get(reason, 0) + count
-    kept = int(per_passage.sum())
-    return {
-        "passages": len(state.passages),
-        "triples_read": kept + malformed,
-        "triples_kept": kept,
-        "malformed_triples": malformed,
-        "malformed_by_reason": dict(sorted(by_reason.items())),
-        "passages_without_triples": int((per_passage == 0).sum()),
-        "passages_with_error": sum(state.error),
-    }
 
 
 def _log_report(report: OpenIEReport) -> None:

@@ -54,7 +54,7 @@ import torch
 from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Passage, Triple
 from hippo_gpu.graph import GraphPart, fact_text, patch_graph
-from hippo_gpu.index import Index
+from hippo_gpu.index import Index, triple_report
 from hippo_gpu.synonyms import (
     SynonymEdges,
     concat_edges,
@@ -344,11 +344,15 @@ def apply_change(
                                        inc_passage, inc_phrase, config)
     lap("adjacency")
 
-    malformed = [base.passage_malformed[i] for i in keep_rows.tolist()] + \
-        [dict(x) for x in change.malformed]
-    error = [base.passage_error[i] for i in keep_rows.tolist()] + [bool(x) for x in change.error]
+    removed = np.nonzero(~plan.keep)[0]
+    malformed, error = _kept(base.passage_malformed, removed), _kept(base.passage_error, removed)
+    lost = ([base.passage_malformed[i] for i in removed.tolist()],
+            [base.passage_error[i] for i in removed.tolist()])
+    malformed += [dict(x) for x in change.malformed]
+    error += [bool(x) for x in change.error]
     per_passage = np.diff(plan.occ_ptr)
-    report: dict[str, Any] = {**_report(malformed, error, per_passage),
+    report: dict[str, Any] = {**_triple_counts(base.report, lost, change, malformed, error,
+                                               per_passage),
               **{k: base.report[k] for k in ("missing_passages", "extra_passages")
                  if k in base.report},
               "synonym_knn": {**base.report.get("synonym_knn", {}),
@@ -385,6 +389,9 @@ def apply_change(
         synonym_dst=torch.from_numpy(edges.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(edges.score.astype(np.float32)),
     )
+    if "row_of_key" in base.__dict__:  # computed on the base: follow it, never rebuild it
+        index.__dict__["row_of_key"] = base.row_of_key.spliced(
+            removed, [p.key for p in added], len(keep_rows))
     return index, synonyms
 
 
@@ -492,21 +499,37 @@ def _patched_graph(base: Index, change: Change, plan: Plan, edges: SynonymEdges,
     }
 
 
-def _report(malformed: list[dict[str, int]], error: list[bool],
-            per_passage: np.ndarray) -> dict[str, Any]:
-    """The build report's triple counts (build._triple_report's fields)."""
-    bad = sum(sum(x.values()) for x in malformed)
-    by_reason: dict[str, int] = {}
-    for x in malformed:
-        for reason, count in x.items():
-            by_reason[reason] = by_reason.get(reason, 0) + count
+def _kept(items: list, removed: np.ndarray) -> list:
+    """`items` without the sorted positions `removed` (C-level list copies, no loop per item)."""
+    out = list(items)
+    for i in removed[::-1].tolist():
+        del out[i]
+    return out
+
+
+def _triple_counts(report: dict[str, Any], lost: tuple[list[dict[str, int]], list[bool]],
+                   change: Change, malformed: list[dict[str, int]], error: list[bool],
+                   per_passage: np.ndarray) -> dict[str, Any]:
+    """The new version's triple counts (index.triple_report's fields): the last version's,
+    less the removed passages' malformed counts and error flags, plus the added ones'; the
+    whole lists are summed only when the last report lacks a field (an older index)."""
+    if any(k not in report for k in ("malformed_triples", "malformed_by_reason",
+                                     "passages_with_error")):
+        return triple_report(malformed, error, per_passage)
+    by_reason = dict(report["malformed_by_reason"])
+    for sign, dicts in ((-1, lost[0]), (1, change.malformed)):
+        for x in dicts:
+            for reason, count in x.items():
+                by_reason[reason] = by_reason.get(reason, 0) + sign * count
+    bad = sum(by_reason.values())
     kept = int(per_passage.sum())
     return {
         "passages": len(error),
         "triples_read": kept + bad,
         "triples_kept": kept,
         "malformed_triples": bad,
-        "malformed_by_reason": dict(sorted(by_reason.items())),
+        "malformed_by_reason": {k: v for k, v in sorted(by_reason.items()) if v},
         "passages_without_triples": int((per_passage == 0).sum()),
-        "passages_with_error": sum(error),
+        "passages_with_error": int(report["passages_with_error"]) - sum(lost[1]) +
+        sum(bool(x) for x in change.error),
     }

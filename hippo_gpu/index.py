@@ -24,9 +24,9 @@ from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
 from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.store import IndexFormatError, write_version, writer_lock
-from hippo_gpu.tables import FactTable, PassageTriples, StringTable
+from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
-__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files"]
+__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files", "triple_report"]
 
 __version__ = "0.1.0"
 
@@ -127,9 +127,10 @@ class Index:
         return out
 
     @cached_property
-    def row_of_key(self) -> dict[str, int]:
-        """Passage key -> passage row (0..P-1), built on first use."""
-        return {k: i for i, k in enumerate(self.passage_keys)}
+    def row_of_key(self) -> KeyRows:
+        """Passage key -> passage row (0..P-1) (`get`, `[]`, `in`), built on first use; a
+        commit's version inherits it spliced (delta.apply_change), never rebuilt."""
+        return KeyRows.of(self.passage_keys)
 
     @cached_property
     def row_of_phrase(self) -> dict[str, int]:
@@ -347,3 +348,24 @@ def _basis_of(t: dict[str, torch.Tensor] | None, index: Index) -> PassageBasis |
             raise IndexFormatError(f"{index.path}: basis tensor {name} is {got.dtype} "
                                    f"{tuple(got.shape)}, expected float64 {shape}")
     return basis
+
+
+def triple_report(malformed: Sequence[dict[str, int]], error: Sequence[bool],
+                  per_passage: np.ndarray) -> dict[str, Any]:
+    """An index report's triple counts: per passage its malformed-triple counts by reason, its
+    OpenIE error flag and (`per_passage` [P]) its kept triples."""
+    by_reason: dict[str, int] = {}
+    for m in malformed:
+        for reason, count in m.items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    bad = sum(by_reason.values())
+    kept = int(per_passage.sum())
+    return {
+        "passages": len(error),
+        "triples_read": kept + bad,
+        "triples_kept": kept,
+        "malformed_triples": bad,
+        "malformed_by_reason": {k: v for k, v in sorted(by_reason.items()) if v},
+        "passages_without_triples": int((per_passage == 0).sum()),
+        "passages_with_error": sum(bool(e) for e in error),
+    }

@@ -179,3 +179,66 @@ class PassageTriples(_SequenceEq):
             raise IndexError(f"passage {p} out of range for {n} passages")
         p %= n
         return [self.facts[r] for r in self.rows[self.ptr[p]:self.ptr[p + 1]].tolist()]
+
+
+class KeyRows:
+    """Passage key -> row without a Python object per key: the keys sorted as fixed-width bytes
+    and each one's row, looked up by binary search (O(log P) per key).
+
+    A version's KeyRows follows from the last one's by `spliced` (removed rows dropped, the
+    survivors' rows renumbered, added keys merged in) with array work at memory speed, so a
+    commit never rebuilds a dict of every key.
+    """
+
+    def __init__(self, sorted_keys: np.ndarray, rows: np.ndarray) -> None:
+        self._keys = sorted_keys  # [P] fixed-width bytes ("S<w>"), ascending
+        self._rows = rows  # [P] int64, the row of each sorted key
+
+    @classmethod
+    def of(cls, keys: Sequence[str]) -> KeyRows:
+        arr = np.array([k.encode("utf-8") for k in keys], dtype=bytes) if len(keys) else \
+            np.zeros(0, dtype="S1")
+        order = np.argsort(arr, kind="stable")
+        return cls(arr[order], order.astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: str, default: int | None = None) -> int | None:
+        raw = key.encode("utf-8")
+        if len(raw) > self._keys.dtype.itemsize or raw.endswith(b"\0"):
+            return default  # longer than every key (a padded compare would cut it)
+        i = int(np.searchsorted(self._keys, raw))
+        if i < len(self._keys) and self._keys[i] == raw:
+            return int(self._rows[i])
+        return default
+
+    def __getitem__(self, key: str) -> int:
+        row = self.get(key)
+        if row is None:
+            raise KeyError(key)
+        return row
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def spliced(self, removed: np.ndarray, added: Sequence[str], num_kept: int) -> KeyRows:
+        """The KeyRows after removing the sorted passage rows `removed` and appending `added`
+        (rows num_kept, num_kept + 1, ...), as delta.apply_change lays passages out."""
+        keep = np.ones(len(self._rows), dtype=bool)
+        removed = np.asarray(removed, dtype=np.int64)
+        if len(removed):
+            keep[np.isin(self._rows, removed)] = False
+        rows = self._rows[keep]
+        # a kept row moves down by the removed rows before it (removed is sorted)
+        rows = rows - np.searchsorted(removed, rows)
+        keys = self._keys[keep]
+        if len(added):
+            new = np.array([k.encode("utf-8") for k in added], dtype=bytes)
+            width = max(keys.dtype.itemsize, new.dtype.itemsize)
+            keys, new = keys.astype(f"S{width}"), new.astype(f"S{width}")
+            order = np.argsort(new, kind="stable")
+            at = np.searchsorted(keys, new[order])
+            keys = np.insert(keys, at, new[order])
+            rows = np.insert(rows, at, num_kept + order.astype(np.int64))
+        return KeyRows(keys, rows)

@@ -193,6 +193,10 @@ def assert_same_index(got: Index, want: Index) -> None:
     assert got.facts == want.facts
     assert got.passage_triples == want.passage_triples
     assert content_stats(got) == content_stats(want)
+    triple_fields = ("passages", "triples_read", "triples_kept", "malformed_triples",
+                     "malformed_by_reason", "passages_without_triples", "passages_with_error")
+    assert {k: got.report[k] for k in triple_fields} == {k: want.report[k] for k in triple_fields}
+    assert [got.row_of_key[k] for k in want.passage_keys] == list(range(len(want.passage_keys)))
     if got.basis is not None:  # a commit defers the basis to the next compaction (versions.py)
         assert_same_basis(got, want)
     for name in ("passage_emb", "phrase_emb", "fact_emb", "fact_phrases",
@@ -355,6 +359,31 @@ def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
     want = load_index(base_dir, device="cpu")
     assert_same_index(got, want)
     assert_same_rankings(got, want, enc, sample["questions"])
+
+
+def test_malformed_triples_and_errors_are_counted_as_a_build_counts_them(enc, sample, tmp_path):
+    """The report's triple counts follow each commit from the last version's (removed passages'
+    malformed counts and error flags taken out, added ones' put in): equal to a fresh build's
+    where passages carry malformed triples and OpenIE errors."""
+    corpus = sample["corpus"]
+    docs = json.loads(json.dumps(sample["openie"]))
+    for i, doc in enumerate(docs["docs"]):
+        if i % 3 == 0:
+            doc["extracted_triples"] = doc["extracted_triples"] + [["only", "two"], [1, 2, 3]]
+        if i % 4 == 1:
+            doc["error"] = "timeout"
+    dirty = dict(sample, openie=docs)
+    index_dir = tmp_path / "index"
+    build(enc, dirty, corpus[:12], index_dir)
+    with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
+        w.insert(corpus[12:18], docs)
+        w.delete([corpus[0].key, corpus[3].key, corpus[5].key])
+        got = w.commit()
+    final = [p for p in corpus[:18] if p not in (corpus[0], corpus[3], corpus[5])]
+    want = build(enc, dirty, final)
+    assert want.report["malformed_triples"] > 0 and want.report["passages_with_error"] > 0
+    assert_same_index(got, want)
+    assert_same_index(load_index(index_dir, device="cpu"), want)  # the replayed version too
 
 
 def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_dir, tmp_path):
