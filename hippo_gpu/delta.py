@@ -54,7 +54,7 @@ import torch
 from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Passage, Triple
 from hippo_gpu.graph import GraphPart, fact_text, patch_graph
-from hippo_gpu.index import Index, triple_report
+from hippo_gpu.index import Index, triple_counts, triple_report
 from hippo_gpu.synonyms import (
     SynonymEdges,
     concat_edges,
@@ -521,15 +521,6 @@ def _triple_counts(report: dict[str, Any], lost: tuple[list[dict[str, int]], lis
         for x in dicts:
             for reason, count in x.items():
                 by_reason[reason] = by_reason.get(reason, 0) + sign * count
-    bad = sum(by_reason.values())
-    kept = int(per_passage.sum())
-    return {
-        "passages": len(error),
-        "triples_read": kept + bad,
-        "triples_kept": kept,
-        "malformed_triples": bad,
-        "malformed_by_reason": {k: v for k, v in sorted(by_reason.items()) if v},
-        "passages_without_triples": int((per_passage == 0).sum()),
-        "passages_with_error": int(report["passages_with_error"]) - sum(lost[1]) +
-        sum(bool(x) for x in change.error),
-    }
+    with_error = int(report["passages_with_error"]) - sum(lost[1]) + \
+        sum(bool(x) for x in change.error)
+    return triple_counts(by_reason, with_error, per_passage)

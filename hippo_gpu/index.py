@@ -26,7 +26,8 @@ from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.store import IndexFormatError, write_version, writer_lock
 from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
-__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files", "triple_report"]
+__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files", "triple_counts",
+           "triple_report"]
 
 __version__ = "0.1.0"
 
@@ -358,14 +359,21 @@ def triple_report(malformed: Sequence[dict[str, int]], error: Sequence[bool],
     for m in malformed:
         for reason, count in m.items():
             by_reason[reason] = by_reason.get(reason, 0) + count
+    return triple_counts(by_reason, sum(bool(e) for e in error), per_passage)
+
+
+def triple_counts(by_reason: dict[str, int], with_error: int,
+                  per_passage: np.ndarray) -> dict[str, Any]:
+    """The report fields of `triple_report` from its sums: malformed triples by reason, the
+    passages with an OpenIE error, and the kept triples per passage ([P])."""
     bad = sum(by_reason.values())
     kept = int(per_passage.sum())
     return {
-        "passages": len(error),
+        "passages": len(per_passage),
         "triples_read": kept + bad,
         "triples_kept": kept,
         "malformed_triples": bad,
         "malformed_by_reason": {k: v for k, v in sorted(by_reason.items()) if v},
         "passages_without_triples": int((per_passage == 0).sum()),
-        "passages_with_error": sum(bool(e) for e in error),
+        "passages_with_error": with_error,
     }

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp
 
 from hippo_gpu.config import MODES
-from hippo_gpu.ircot import ThoughtSource
+from hippo_gpu.ircot import IRCoTResult, ThoughtSource
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.config import QueryLimits
 from hippo_gpu.serve.ircot import answer_ircot, trace
@@ -117,15 +117,25 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         "retrievals at most: the question's own, then one per thought"))]
 
     async def one_query(query: str, top_k: int, mode: str, index: str | None,
-                        entities: list[str] | None, *, explain: bool) -> tuple[str, Any]:
-        """(index name, answer) of one tool call's query; failures as ToolError."""
+                        entities: list[str] | None, *, explain: bool = False,
+                        ircot_steps: int | None = None) -> tuple[str, Any, IRCoTResult | None]:
+        """(index name, answer, IRCoT result when `ircot_steps`) of one tool call's query;
+        failures as ToolError."""
         _check_arguments(query, mode, entities)
+        ents = None if entities is None else [entities]
+        result = None
         try:
             served = service.get(index)
-            answers = await service.retrieve(
-                [query], top_k=top_k, mode=mode, index=served.name,
-                entities=None if entities is None else [entities], transport="mcp",
-                explain=explain)
+            if ircot_steps is None:
+                answers = await service.retrieve(
+                    [query], top_k=top_k, mode=mode, index=served.name, entities=ents,
+                    transport="mcp", explain=explain)
+            else:
+                assert reasoner is not None  # the tool is registered only with one
+                answers, results = await answer_ircot(
+                    service, reasoner, [query], top_k=top_k, mode=mode, max_steps=ircot_steps,
+                    entities=ents, index=served.name, transport="mcp")
+                result = results[0]
         except UnknownIndexError as e:
             raise ToolError(str(e)) from e
         except QueueFullError as e:
@@ -134,7 +144,7 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
             raise ToolError("server shutting down") from e
         if answers[0].error is not None:
             raise ToolError(f"retrieval failed: {answers[0].error}")
-        return served.name, answers[0]
+        return served.name, answers[0], result
 
     async def retrieve(
         query: query_text,  # type: ignore[valid-type]
@@ -144,7 +154,7 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         entities: entities_type = None,  # type: ignore[valid-type]
     ) -> RetrieveOut:
         """Rank the indexed passages for one question; best first."""
-        name, answer = await one_query(query, top_k, mode, index, entities, explain=False)
+        name, answer, _ = await one_query(query, top_k, mode, index, entities)
         return RetrieveOut(index=name, mode=mode, hits=[HitOut(**h) for h in answer.hits])
 
     async def explain(
@@ -156,7 +166,7 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     ) -> dict[str, Any]:
         """Why each passage ranked where it did: the hits of `retrieve`, each score split into
         one term per seed phrase and one for the dense prior, within a certified bound."""
-        name, answer = await one_query(query, top_k, mode, index, entities, explain=True)
+        name, answer, _ = await one_query(query, top_k, mode, index, entities, explain=True)
         return {"index": name, "explanation": answer.explanation}
 
     async def retrieve_ircot(
@@ -169,24 +179,11 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     ) -> IRCoTOut:
         """Multi-step retrieval: the question's ranking, then an LLM thought per step, each
         retrieved in turn; every passage found keeps its best score, best first."""
-        assert reasoner is not None  # registered only with one
-        _check_arguments(query, mode, entities)
-        try:
-            served = service.get(index)
-            answers, results = await answer_ircot(
-                service, reasoner, [query], top_k=top_k, mode=mode, max_steps=max_steps,
-                entities=None if entities is None else [entities], index=served.name,
-                transport="mcp")
-        except UnknownIndexError as e:
-            raise ToolError(str(e)) from e
-        except QueueFullError as e:
-            raise ToolError("server busy: queue full; retry in a second") from e
-        except BatcherClosedError as e:
-            raise ToolError("server shutting down") from e
-        if answers[0].error is not None:
-            raise ToolError(f"retrieval failed: {answers[0].error}")
-        return IRCoTOut(index=served.name, mode=mode, hits=[HitOut(**h) for h in answers[0].hits],
-                        **trace(results[0]))
+        name, answer, result = await one_query(query, top_k, mode, index, entities,
+                                               ircot_steps=max_steps)
+        assert result is not None
+        return IRCoTOut(index=name, mode=mode, hits=[HitOut(**h) for h in answer.hits],
+                        **trace(result))
 
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""
