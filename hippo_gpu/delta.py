@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -278,14 +278,66 @@ def runs(to_new: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(live[a]), int(dest[a]), int(b - a)) for a, b in zip(starts, ends)]
 
 
-def _placed(old: torch.Tensor, to_new: np.ndarray, n_new: int, rows: np.ndarray,
-            fresh: torch.Tensor) -> torch.Tensor:
+@dataclass
+class PendingRows:
+    """An embedding matrix not yet copied: row i is `sources[src[i]][row[i]]`.
+
+    A replay of several segments (versions.load_index) places each version's rows by index
+    only, 12 bytes per row instead of the row itself, and copies every row once at the end
+    (`settle`): the intermediate versions' matrices are never built.
+    """
+
+    sources: list[torch.Tensor]
+    src: np.ndarray  # [n] int32
+    row: np.ndarray  # [n] int64
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> PendingRows:
+        return cls([t], np.zeros(t.shape[0], np.int32), np.arange(t.shape[0], dtype=np.int64))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.src), int(self.sources[0].shape[1])
+
+    def settle(self) -> torch.Tensor:
+        """The matrix: [n, D] float32."""
+        out = torch.empty(self.shape, dtype=torch.float32)
+        for s, t in enumerate(self.sources):
+            at = np.nonzero(self.src == s)[0]
+            if len(at):
+                out[torch.from_numpy(at)] = t.detach().cpu().float()[torch.from_numpy(
+                    self.row[at])]
+        return out
+
+
+def settle(index: Index) -> Index:
+    """`index` with its pending embedding matrices (PendingRows) copied into tensors."""
+
+    def one(t: Any) -> torch.Tensor:
+        return t.settle() if isinstance(t, PendingRows) else t
+
+    return replace(index, passage_emb=one(index.passage_emb), phrase_emb=one(index.phrase_emb),
+                   fact_emb=one(index.fact_emb))
+
+
+def _placed(old: torch.Tensor | PendingRows, to_new: np.ndarray, n_new: int, rows: np.ndarray,
+            fresh: torch.Tensor, *, pending: bool = False) -> torch.Tensor | PendingRows:
     """[n_new, D] float32: the old rows at their new rows (copied by runs), the fresh ones at
-    `rows`."""
+    `rows`; with `pending` (or pending old rows) the same as PendingRows, nothing copied."""
+    if pending or isinstance(old, PendingRows):
+        prev = old if isinstance(old, PendingRows) else PendingRows.of(old)
+        src, row = np.empty(n_new, np.int32), np.empty(n_new, np.int64)
+        for a, b, n in runs(to_new):
+            src[b:b + n], row[b:b + n] = prev.src[a:a + n], prev.row[a:a + n]
+        sources = prev.sources
+        if len(rows):
+            sources = [*sources, fresh.float().cpu()]
+            src[rows], row[rows] = len(sources) - 1, np.arange(len(rows))
+        return PendingRows(sources, src, row)
     out = torch.empty((n_new, old.shape[1]), dtype=torch.float32)
-    src = old.detach().cpu()
+    src_t = old.detach().cpu()
     for a, b, n in runs(to_new):
-        out[b:b + n] = src[a:a + n]
+        out[b:b + n] = src_t[a:a + n]
     if len(rows):
         out[torch.from_numpy(rows)] = fresh.float().cpu()
     return out
@@ -294,7 +346,7 @@ def _placed(old: torch.Tensor, to_new: np.ndarray, n_new: int, rows: np.ndarray,
 def apply_change(
     base: Index, change: Change, plan: Plan, vectors: NewVectors, config: IndexConfig,
     device: torch.device, *, synonyms: SynonymUpdate | None = None,
-    lap: Callable[[str], None] | None = None,
+    lap: Callable[[str], None] | None = None, pending: bool = False,
 ) -> tuple[Index, SynonymUpdate]:
     """The new version (module docstring, 3-5) and the synonym lists it recomputed.
 
@@ -306,6 +358,8 @@ def apply_change(
         synonyms: the recomputed lists, when known (a segment replay); None computes them.
         lap: called with each stage's name as it ends ("embed_copy", "synonym_knn",
             "adjacency").
+        pending: leave the embeddings as PendingRows (a replay of several segments, which
+            `settle`s the last version only); needs `synonyms`.
 
     The returned index has no basis (it depends on the whole graph: a compaction,
     IndexWriter.compact, solves it).
@@ -313,13 +367,16 @@ def apply_change(
     lap = lap or (lambda name: None)
     m, f = len(plan.phrases), len(plan.spo)
     keep_rows = np.nonzero(plan.keep)[0]
+    if pending and synonyms is None:
+        raise ValueError("pending embeddings need the synonym lists (a replay)")
     phrase_emb = _placed(base.phrase_emb, plan.phrase_to_new, m, plan.new_phrase_rows,
-                         vectors.phrases)
-    fact_emb = _placed(base.fact_emb, plan.fact_to_new, f, plan.new_fact_rows, vectors.facts)
+                         vectors.phrases, pending=pending)
+    fact_emb = _placed(base.fact_emb, plan.fact_to_new, f, plan.new_fact_rows, vectors.facts,
+                       pending=pending)
     passage_emb = _placed(base.passage_emb, plan.passage_to_new,
                           len(keep_rows) + len(change.passages),
                           np.arange(len(keep_rows), len(keep_rows) + len(change.passages)),
-                          vectors.passages)
+                          vectors.passages, pending=pending)
     lap("embed_copy")
 
     old_edges = SynonymEdges(base.synonym_src.numpy(), base.synonym_dst.numpy(),
@@ -328,7 +385,8 @@ def apply_change(
     if synonyms is None:
         backend = resolve_knn_backend(config.graph.knn_backend, device, m)
         kept, fresh, affected = update_synonym_rows(
-            plan.phrase_to_new, old_edges, plan.phrases, phrase_emb, plan.new_phrase_rows,
+            plan.phrase_to_new, old_edges, plan.phrases, cast(torch.Tensor, phrase_emb),
+            plan.new_phrase_rows,
             base.phrase_emb.float().cpu()[torch.from_numpy(removed_ph)], config.graph,
             backend=backend, device=device)
         synonyms = SynonymUpdate(affected, fresh)
@@ -377,9 +435,9 @@ def apply_change(
             np.bincount(inc_phrase, minlength=m).astype(np.int64)),
         incidence_phrase=torch.from_numpy(inc_phrase),
         incidence_passage=torch.from_numpy(inc_passage),
-        passage_emb=passage_emb,
-        phrase_emb=phrase_emb,
-        fact_emb=fact_emb,
+        passage_emb=cast(torch.Tensor, passage_emb),  # PendingRows in a replay until settle()
+        phrase_emb=cast(torch.Tensor, phrase_emb),
+        fact_emb=cast(torch.Tensor, fact_emb),
         counts=counts,
         report=report,
         passage_triples=PassageTriples(facts, plan.occ_ptr, plan.occ_fact),

@@ -16,7 +16,8 @@ to recompute, nothing derived from the rest of the index:
 Loading replays the chain: the base, then for each segment delta.plan_change and
 delta.apply_change with the stored vectors and synonym lists (no encoder, no kNN), which is the
 computation the commit itself ran, so the replayed version equals the committed one (same rows,
-same bits). A reader that holds version v moves to the current one by replaying only the
+same bits). The embeddings of the versions in between are never built: each replay places rows
+by index only (delta.PendingRows) and the last version's rows are copied once (delta.settle). A reader that holds version v moves to the current one by replaying only the
 segments after v (`refresh_index`): no base is re-read or re-verified.
 
 A replayed version carries no passage basis (it depends on the whole graph; hipporag2 then
@@ -34,7 +35,14 @@ import numpy as np
 import torch
 
 from hippo_gpu.data import Passage
-from hippo_gpu.delta import Change, NewVectors, SynonymUpdate, apply_change, plan_change
+from hippo_gpu.delta import (
+    Change,
+    NewVectors,
+    SynonymUpdate,
+    apply_change,
+    plan_change,
+    settle,
+)
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.index import Index, index_of_files
 from hippo_gpu.store import Files, IndexFormatError, read_index_dir, read_manifest
@@ -113,8 +121,10 @@ def expected_counts(index: Index) -> dict[str, int]:
             "passages": len(index.passage_keys)}
 
 
-def replay(index: Index, segment: Segment, *, path: Path, version: int) -> Index:
-    """The version a segment produces from the one before it (module docstring)."""
+def replay(index: Index, segment: Segment, *, path: Path, version: int,
+           pending: bool = False) -> Index:
+    """The version a segment produces from the one before it (module docstring); with
+    `pending` its embeddings stay delta.PendingRows (the caller settles the last one)."""
     c = segment.change
     if len(c.removed) and int(c.removed.max()) >= len(index.passage_keys):
         raise IndexFormatError(f"{path}: segment {version} removes passage rows the version "
@@ -128,7 +138,7 @@ def replay(index: Index, segment: Segment, *, path: Path, version: int) -> Index
         raise IndexFormatError(f"{path}: segment {version} does not fit the version before it "
                                f"({'; '.join(bad)})")
     new, _ = apply_change(index, c, plan, segment.vectors, index.config, torch.device("cpu"),
-                          synonyms=segment.synonyms)
+                          synonyms=segment.synonyms, pending=pending)
     if expected_counts(new) != segment.expect:
         raise IndexFormatError(f"{path}: replaying segment {version} gives "
                                f"{expected_counts(new)}, the commit recorded {segment.expect}")
@@ -161,7 +171,9 @@ def load_index(
     assert base is not None
     index = index_of_files(root, manifest, base, encoder=encoder)
     for version, files in segments:
-        index = replay(index, _segment_of(root, files), path=root, version=version)
+        index = replay(index, _segment_of(root, files), path=root, version=version,
+                       pending=True)
+    index = settle(index)  # the embeddings of the last version only, each row copied once
     index.version = manifest.get("version")
     dev = resolve_device(device)
     return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
@@ -186,7 +198,8 @@ def refresh_index(index: Index, *, verify: bool = True) -> Index:
     out = index.to("cpu", "float32") if index.device.type != "cpu" or \
         index.precision != "float32" else index
     for version, files in segments:
-        out = replay(out, _segment_of(root, files), path=root, version=version)
+        out = replay(out, _segment_of(root, files), path=root, version=version, pending=True)
+    out = settle(out)
     out.version = manifest.get("version")
     return out.to(index.device, index.precision) if index.device.type != "cpu" or \
         index.precision != "float32" else out
