@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hippo_gpu.data import DataFormatError
-from hippo_gpu.store import write_atomic
+from hippo_gpu.store import naming_full_disk, write_atomic
 
 __all__ = ["RunParts"]
 
@@ -97,7 +97,8 @@ class RunParts:
     def start(self, identity: dict[str, Any], **saved: Any) -> dict[str, Any]:
         """Create the folder and commit the run file {"identity": identity, **saved} (call
         after `resume` returned None). Returns that content."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with naming_full_disk(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         self._remove_temporary()
         content = {"identity": identity, **saved}
         write_atomic(self.dir / self.run_file, json.dumps(content))
