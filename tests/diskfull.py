@@ -7,7 +7,8 @@ the k-th (and, by default, every later one) with OSError(ENOSPC).
 
 A write operation is one call that can need space, on a path under `folder`, in call order:
     open    io.open / builtins.open / Path.open in a mode that writes ("w", "a", "x", "+"),
-            and os.open with O_WRONLY, O_RDWR or O_CREAT (Path.touch): the call creates
+            and os.open with O_WRONLY, O_RDWR or O_CREAT (Path.touch), of a file that does
+            not exist yet (the call creates it; opening an existing file takes no space)
     write   write() on a file those opens returned, os.write on a descriptor os.open returned
     fsync   os.fsync of a descriptor opened under the folder (files and folders)
     mkdir   os.mkdir that creates (the path does not exist, its parent does: Path.mkdir,
@@ -130,7 +131,7 @@ class FullDisk:
         writes = any(c in mode for c in "wax+")
         if rel is None or not writes:
             return self._real["open"](file, mode, *args, **kwargs)
-        if self._fails("open", rel):
+        if not os.path.lexists(file) and self._fails("open", rel):
             raise self._error(file)
         f = self._real["open"](file, mode, *args, **kwargs)
         wrapped = _File(self, f, rel)
@@ -139,7 +140,8 @@ class FullDisk:
 
     def _os_open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         rel = self._under(path)
-        if rel is not None and flags & _WRITE_FLAGS and self._fails("open", rel):
+        if rel is not None and flags & _WRITE_FLAGS and not os.path.lexists(path) and \
+                self._fails("open", rel):
             raise self._error(path)
         fd = int(self._real["os.open"](path, flags, *args, **kwargs))
         if rel is not None:
