@@ -20,6 +20,8 @@ often a run is killed and rerun:
   never mixed.
 - The join reads parts 0..n-1 in order, after checking that none is missing, writes OUT
   atomically, and then the folder is removed.
+A full disk at any of these writes raises DiskFullError naming the file and leaves what a kill
+there would (less the temporary file): the rerun, once there is space, resumes.
 """
 
 from __future__ import annotations

@@ -32,7 +32,11 @@ a commit that leaves `compact_after` segments or segments over a quarter of the 
 Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
 a commit writes its segment directory (fsync) and then switches the manifest atomically;
 readers keep the version they loaded and move to a later one by replaying its segments
-(Searcher.refresh). `commit()` returns the new version as an `Index` (the one it computed, not a
+(Searcher.refresh). A full disk at any write of a commit raises DiskFullError naming the file
+(store.py): nothing is committed, the writer keeps its staged changes and the same commit() can
+be retried once there is space; commit() raising always means "not committed" (a compaction
+that fails after a commit is logged, not raised).
+`commit()` returns the new version as an `Index` (the one it computed, not a
 reload: equal to `load_index` of it), and the writer keeps it: a writer reopened after `close()`
 replays only what other writers committed since (versions.refresh_index), so a long-lived writer
 (the server's) reads the index once; it holds the last version in host memory (float32).
