@@ -487,6 +487,22 @@ def test_retrieve_parts_resume_after_a_full_disk_at_every_write(searcher, tmp_pa
             assert report.answered == len(rows) - 3 * len(done)
         assert out.read_text().splitlines() == want
         assert not parts.exists()
+    # the command: exit 2 with one line when the second part finds the disk full; the same
+    # command again finishes the file
+    index_dir = searcher.index.save(tmp_path / "index")
+    out = tmp_path / "cli" / "out.jsonl"
+    args = ["retrieve", "--index", str(index_dir), "--queries", str(queries), "--out", str(out),
+            "--top-k", "3", "--batch-size", "3", "--part-size", "3", "--device", "cpu"]
+    k = next(i for i, op in enumerate(ops, 1) if "part-000001" in op)
+    with FullDisk(out.parent, fail_at=k):
+        result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {out}.parts/part-000001.jsonl: no space left on "
+                                    "device"), result.output
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_text().splitlines() == want
 
 
 # -- a real small filesystem ---------------------------------------------------------------------
