@@ -20,6 +20,8 @@ often a run is killed and rerun:
   never mixed.
 - The join reads parts 0..n-1 in order, after checking that none is missing, writes OUT
   atomically, and then the folder is removed.
+A full disk at any of these writes raises DiskFullError naming the file and leaves what a kill
+there would (less the temporary file): the rerun, once there is space, resumes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hippo_gpu.data import DataFormatError
-from hippo_gpu.store import write_atomic
+from hippo_gpu.store import naming_full_disk, write_atomic
 
 __all__ = ["RunParts"]
 
@@ -97,7 +99,8 @@ class RunParts:
     def start(self, identity: dict[str, Any], **saved: Any) -> dict[str, Any]:
         """Create the folder and commit the run file {"identity": identity, **saved} (call
         after `resume` returned None). Returns that content."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with naming_full_disk(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         self._remove_temporary()
         content = {"identity": identity, **saved}
         write_atomic(self.dir / self.run_file, json.dumps(content))

@@ -34,6 +34,14 @@ directories, directories no manifest names) are removed by the next writer or by
 directories it names, holding a shared lock on each one's `.readers` file while it reads, so
 garbage collection (which needs the exclusive lock) never deletes files under a reader. Files
 and directories get the user's umask permissions.
+
+A full disk (ENOSPC, or EDQUOT for a spent quota) at any write of a commit raises DiskFullError
+naming the file, and means the same as a kill before the manifest's rename: the manifest names
+the old version, and the version directory of the failed commit is removed at once (its space
+freed) since nothing names it. The manifest's rename is the commit point in both directions:
+a step before it that fails raises, and nothing after it raises (a failed fsync of DIR is
+logged, garbage collection is best effort), so an exception always means "not committed" and
+a retry cannot commit the same change twice.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -51,12 +60,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.errors import DiskFullError, HippoGpuError
+from hippo_gpu.safetensors_io import load_safetensors_mmap, save_safetensors_stream
 from hippo_gpu.tables import StringTable
+
+log = logging.getLogger(__name__)
 
 FORMAT = "hippo-gpu-index"
 FORMAT_VERSION = 4
@@ -65,6 +75,7 @@ MANIFEST = "manifest.json"
 WRITER_LOCK = ".writer.lock"
 READERS_LOCK = ".readers"
 _VERSION = re.compile(r"^[vs](\d{6})$")  # a base (vNNNNNN) or a segment (sNNNNNN)
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full filesystem or a spent quota
 
 # A commit's steps in order; `on_step(name)` is called before each (fault-injection tests kill
 # the writer there).
@@ -88,6 +99,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def disk_full(path: str | Path, error: OSError) -> DiskFullError:
+    """The DiskFullError of a write of `path` that failed with `error` (errno in FULL_DISK)."""
+    quota = " (the disk quota is exceeded)" if error.errno == errno.EDQUOT else ""
+    err = DiskFullError(f"{path}: no space left on device{quota}; it was not written and what "
+                        "was there before is unchanged: free some space and run again")
+    err.errno, err.path = error.errno, str(path)
+    return err
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: str | Path) -> Iterator[None]:
+    """Re-raise an OSError of a full disk (FULL_DISK) raised inside as DiskFullError naming
+    `path`: a write() on a file object raises ENOSPC without a file name, and os calls name a
+    temporary file where the user knows the file it becomes."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as e:
+        if e.errno not in FULL_DISK:
+            raise
+        raise disk_full(path, e) from e
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -102,9 +137,13 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *
     part of either. The one atomic write of the package.
 
     Writes `.NAME.tmp-UNIQUE` beside `path`, fsyncs it, renames it over `path` and fsyncs the
-    folder, so the rename itself survives a power loss. An exception removes the temporary file;
-    a killed writer leaves it, for the folder's owner to remove by that name (collect_garbage,
-    hippo_gpu.parts). The folder must exist.
+    folder, so the rename itself survives a power loss. An exception removes the temporary file
+    and means that `path` was not replaced (a full disk raises DiskFullError naming `path`);
+    once the rename is done nothing raises (a failed fsync of the folder is logged: the new
+    file is complete and current, only its survival of a power loss is in doubt), so a caller
+    whose rename is a commit point (a manifest) knows from the exception alone whether it
+    committed. A killed writer leaves the temporary file, for the folder's owner to remove by
+    that name (collect_garbage, hippo_gpu.parts). The folder must exist.
 
     Args:
         path: the file to replace (or create).
@@ -117,19 +156,24 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    with naming_full_disk(path):
+        try:
+            if callable(data):
+                data(tmp)
+            else:
+                with tmp.open("wb") as f:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            _fsync_path(tmp)
+            if before_replace is not None:
+                before_replace()
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     try:
-        if callable(data):
-            data(tmp)
-        else:
-            with tmp.open("wb") as f:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        _fsync_path(tmp)
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_path(path.parent)
+        _fsync_path(path.parent)
+    except OSError as e:
+        log.warning("%s: written, but syncing its folder failed (%s); it may not survive a "
+                    "power loss", path, e)
     return path
 
 
@@ -154,9 +198,11 @@ def is_index_dir(path: str | Path) -> bool:
 def writer_lock(index_dir: str | Path) -> Iterator[None]:
     """Hold DIR's single-writer lock (non-blocking: a second writer gets WriterLockedError)."""
     root = Path(index_dir)
-    root.mkdir(parents=True, exist_ok=True)
     path = root / WRITER_LOCK
-    with path.open("a+") as f:
+    with naming_full_disk(path):
+        root.mkdir(parents=True, exist_ok=True)
+        lock = path.open("a+")
+    with lock as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -169,8 +215,10 @@ def writer_lock(index_dir: str | Path) -> Iterator[None]:
             raise
         f.seek(0)
         f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
+        # the pid only names the holder to a refused writer: unbuffered, and a full disk may
+        # leave it out (a writer that frees space, a compaction, must still get the lock)
+        with contextlib.suppress(OSError):
+            os.write(f.fileno(), str(os.getpid()).encode())
         try:
             yield
         finally:
@@ -200,44 +248,57 @@ def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]
     written and kept in `hold` (the lock follows the file through the rename), so no garbage
     collection removes the directory before a manifest names it (a background compaction)."""
     tmp = root / f".tmp-{name}-{os.getpid()}"
+    final = root / name
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    if hold is not None:
-        lock_file = hold.enter_context((tmp / READERS_LOCK).open("a"))
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
+    renamed = False
     try:
+        with naming_full_disk(tmp):
+            tmp.mkdir()
+            if hold is not None:
+                lock_file = hold.enter_context((tmp / READERS_LOCK).open("a"))
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_SH)
         step("write_files")
         files: dict[str, dict[str, Any]] = {}
         written: list[Path] = []
         for group, group_tensors in tensors.items():
             path = tmp / f"{group}.safetensors"
-            save_safetensors_stream(group_tensors, path)
+            with naming_full_disk(path):
+                save_safetensors_stream(group_tensors, path)
             written.append(path)
         for group, table in tables.items():
             path = tmp / f"{group}.json"
-            with path.open("w", encoding="utf-8") as f:
-                json.dump(table, f, ensure_ascii=False)
+            with naming_full_disk(path), path.open("w", encoding="utf-8") as f:
+                f.write(json.dumps(table, ensure_ascii=False))
             written.append(path)
         for name_, texts in strings.items():
             path = tmp / f"{name_}.strings"
-            (texts if isinstance(texts, StringTable) else StringTable.from_strings(texts)) \
-                .write(path)
+            with naming_full_disk(path):
+                (texts if isinstance(texts, StringTable) else StringTable.from_strings(texts)) \
+                    .write(path)
             written.append(path)
-        (tmp / READERS_LOCK).touch()
+        with naming_full_disk(tmp / READERS_LOCK):
+            (tmp / READERS_LOCK).touch()
         step("fsync_files")
         mode = 0o666 & ~_umask()  # safetensors writes 0600: give files the user's permissions
         for path in written:
             os.chmod(path, mode)
-            _fsync_path(path)
+            with naming_full_disk(path):
+                _fsync_path(path)
             files[f"{name}/{path.name}"] = {"sha256": sha256_file(path),
                                             "bytes": path.stat().st_size}
-        _fsync_path(tmp)
-        step("rename_version")
-        os.rename(tmp, root / name)
-        _fsync_path(root)
+        with naming_full_disk(final):
+            _fsync_path(tmp)
+            step("rename_version")
+            os.rename(tmp, final)
+            renamed = True
+            _fsync_path(root)
     except BaseException:
+        # no manifest names the directory yet: remove it whole, which also frees what it took
+        # on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
+        if renamed:
+            shutil.rmtree(final, ignore_errors=True)
         raise
     return files
 
@@ -249,12 +310,32 @@ def _next_version(root: Path) -> int:
 
 
 def _commit_manifest(root: Path, full: dict[str, Any], step: Callable[[str], None]) -> None:
+    """Replace the manifest: the rename is the commit point, and this raises only when it did
+    not happen (write_atomic); removing old versions after it is best effort (what it leaves,
+    the next collection removes)."""
     step("write_manifest")
-    # the rename is the commit point
     write_atomic(root / MANIFEST, json.dumps(full, indent=2, sort_keys=True),
                  before_replace=lambda: step("rename_manifest"))
     step("collect_garbage")
-    collect_garbage(root)
+    try:
+        collect_garbage(root)
+    except OSError as e:
+        log.warning("%s: committed version %s; removing old versions failed (%s), the next "
+                    "commit removes them", root, full.get("version"), e)
+
+
+def discard_version(index_dir: str | Path, name: str) -> None:
+    """Remove a version directory whose commit failed (a segment whose manifest was not
+    written, a prepared base that `install_base` did not make current): no manifest names it,
+    and on a full disk removing it frees what it took. A directory the manifest names is
+    kept."""
+    root = Path(index_dir).resolve()
+    named = False
+    if is_index_dir(root):
+        manifest = read_manifest(root)
+        named = name in {base_name(manifest), *(s["name"] for s in manifest.get("segments", []))}
+    if not named and _VERSION.match(name):
+        shutil.rmtree(root / name, ignore_errors=True)
 
 
 def prepare_base(
@@ -328,10 +409,15 @@ def write_version(
             and not is_index_dir(root):
         raise IndexFormatError(
             f"{root} exists, is not empty and is not a hippo-gpu index; refusing to write there")
-    root.mkdir(parents=True, exist_ok=True)
+    with naming_full_disk(root):
+        root.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as hold:
         name, files = prepare_base(root, tensors, tables, strings, hold=hold, on_step=on_step)
-        install_base(root, name, files, manifest, base_from, on_step=on_step)
+        try:
+            install_base(root, name, files, manifest, base_from, on_step=on_step)
+        except BaseException:
+            discard_version(root, name)
+            raise
     return root
 
 
@@ -361,7 +447,11 @@ def write_segment(
             "base": base_name(current), "segments": segments,
             "base_counts": kept["counts"], "base_openie_report": kept["openie_report"],
             "base_from": current.get("base_from", current.get("version"))}
-    _commit_manifest(root, full, step)
+    try:
+        _commit_manifest(root, full, step)
+    except BaseException:
+        discard_version(root, name)
+        raise
     return version
 
 
@@ -404,8 +494,8 @@ def _remove_unheld(path: Path) -> bool:
     if not lock.exists():
         shutil.rmtree(path, ignore_errors=True)
         return True
-    try:
-        with lock.open("a") as f:
+    try:  # flock takes an exclusive lock on a read-only descriptor: nothing is written
+        with lock.open("r") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(path, ignore_errors=True)
         return True
@@ -502,71 +592,3 @@ def _read_files(root: Path, files: dict[str, Any], verify: bool) -> Files:
         except Exception as e:  # noqa: BLE001 - re-raised with the file named
             raise IndexFormatError(f"{path}: unreadable ({e})") from e
     return tensors, tables
-
-
-_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-                       "U8": np.uint8, "BOOL": np.bool_}
-
-
-def load_safetensors_mmap(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors as copy-on-write memory maps (pages are read on first touch;
-    writing to a tensor copies the page privately and never changes the file).
-
-    Format: u64 header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, data.
-    Dtypes numpy cannot map (bfloat16) are read with safetensors' own loader.
-    """
-    with path.open("rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    base = 8 + n
-    out: dict[str, torch.Tensor] = {}
-    if any(meta["dtype"] not in _SAFETENSORS_DTYPES for k, meta in header.items()
-           if k != "__metadata__"):
-        return load_file(str(path))
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        dtype = np.dtype(_SAFETENSORS_DTYPES[meta["dtype"]])
-        shape = tuple(meta["shape"])
-        count = int(np.prod(shape)) if shape else 1
-        if end - start != count * dtype.itemsize:
-            raise ValueError(f"tensor {name}: {end - start} bytes for shape {shape}")
-        if count == 0:
-            out[name] = torch.from_numpy(np.zeros(shape, dtype=dtype))
-            continue
-        arr = np.memmap(path, dtype=dtype, mode="c", offset=base + start, shape=shape)
-        out[name] = torch.from_numpy(arr)
-    return out
-
-
-_NUMPY_TO_SAFETENSORS = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
-
-
-def save_safetensors_stream(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write a safetensors file tensor by tensor (safetensors' save_file first builds every
-    tensor's bytes in memory: 4.8 GB more at 1M passages). Tensors in name order, each
-    8-byte aligned as the header is; dtypes numpy cannot hold (bfloat16) go through save_file.
-    """
-    arrays = {}
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
-            return
-        arrays[name] = t.numpy()
-    header: dict[str, Any] = {}
-    offset = 0
-    for name, a in arrays.items():
-        header[name] = {"dtype": _NUMPY_TO_SAFETENSORS[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for a in arrays.values():
-            if a.size:
-                a.reshape(-1).tofile(f)

@@ -10,10 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from hippo_gpu.data import DataFormatError, Triple
+
+WRITE_CHUNK = 1 << 26  # bytes per write() call of write_array
+
+
+def write_array(f: BinaryIO, array: np.ndarray) -> None:
+    """Write an array's bytes (C order) to the binary file `f` through `f.write`, in chunks of
+    WRITE_CHUNK bytes from a view of the array (no copy of a large array; unlike
+    ndarray.tofile, every byte goes through the file object, whose errors are then raised
+    where the caller expects them)."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    for start in range(0, len(raw), WRITE_CHUNK):
+        f.write(raw[start:start + WRITE_CHUNK].data)
 
 
 class _SequenceEq(Sequence):  # type: ignore[type-arg]
@@ -70,7 +83,7 @@ class StringTable(_SequenceEq):
         with Path(path).open("wb") as f:
             f.write(np.int64(len(self)).tobytes())
             f.write(np.ascontiguousarray(self._off, dtype=np.int64).tobytes())
-            np.ascontiguousarray(self._blob).tofile(f)
+            write_array(f, self._blob)
 
     def __len__(self) -> int:
         return len(self._off) - 1

@@ -32,7 +32,11 @@ a commit that leaves `compact_after` segments or segments over a quarter of the 
 Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
 a commit writes its segment directory (fsync) and then switches the manifest atomically;
 readers keep the version they loaded and move to a later one by replaying its segments
-(Searcher.refresh). `commit()` returns the new version as an `Index` (the one it computed, not a
+(Searcher.refresh). A full disk at any write of a commit raises DiskFullError naming the file
+(store.py): nothing is committed, the writer keeps its staged changes and the same commit() can
+be retried once there is space; commit() raising always means "not committed" (a compaction
+that fails after a commit is logged, not raised).
+`commit()` returns the new version as an `Index` (the one it computed, not a
 reload: equal to `load_index` of it), and the writer keeps it: a writer reopened after `close()`
 replays only what other writers committed since (versions.refresh_index), so a long-lived writer
 (the server's) reads the index once; it holds the last version in host memory (float32).
@@ -51,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,9 +75,11 @@ from hippo_gpu.delta import (
 )
 from hippo_gpu.device import resolve_device
 from hippo_gpu.embed import Encoder, runnable_precision
+from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
 from hippo_gpu.store import (
     collect_garbage,
+    discard_version,
     install_base,
     prepare_base,
     read_manifest,
@@ -371,9 +377,10 @@ class IndexWriter:
                                    lap=stages.lap)
         counts = change_counts(base, change, plan, update)
         tensors, tables = segment_files(Segment(change, vectors, update, expected_counts(new)))
-        version = write_segment(self.index_dir, {"counts": new.counts,
-                                                 "openie_report": _as_json(new.report)},
-                                tensors, tables, on_step=self.on_step)
+        with self._keeping_version("commit"):
+            version = write_segment(self.index_dir, {"counts": new.counts,
+                                                     "openie_report": _as_json(new.report)},
+                                    tensors, tables, on_step=self.on_step)
         stages.lap("save")
         new.path, new.version = self.index_dir, version
         new.report = _as_json(new.report)  # as stored (JSON keys are strings)
@@ -386,11 +393,31 @@ class IndexWriter:
         self._reset()
         if self.compact_after is not None and \
                 needs_compaction(read_manifest(self.index_dir), self.compact_after):
-            new = self.compact()
+            try:
+                new = self.compact()
+            except OSError as e:  # the commit is made: a failed compaction only defers it
+                log.warning("%s: committed version %s; the compaction after it failed, the "
+                            "next commit tries again: %s", self.index_dir, version, e)
+                return new
             report.stage_seconds.update({f"compact_{k}": v
                                          for k, v in self.last_compaction.items()})
             report.version, report.compacted = new.version, True
         return new
+
+    @contextlib.contextmanager
+    def _keeping_version(self, what: str) -> Iterator[None]:
+        """A full disk during a commit or a compaction: DiskFullError naming the file (the
+        store's) and saying that the index keeps its version and the writer its changes."""
+        try:
+            yield
+        except DiskFullError as e:
+            kept = " and the writer its staged changes" if what == "commit" else ""
+            err = DiskFullError(
+                f"{self.index_dir}: no space left on device for the {what} (writing {e.path} "
+                f"failed); nothing was committed, the index keeps version "
+                f"{self._require_base().version}{kept}: free some space and run it again")
+            err.errno, err.path = e.errno, e.path
+            raise err from e
 
     def compact(self) -> Index:
         """Write the last committed version as a new base (a full copy, with its passage basis
@@ -419,8 +446,9 @@ class IndexWriter:
         manifest, tensors, tables, strings = new.payload()
         hold = contextlib.ExitStack()
         try:
-            name, files = prepare_base(self.index_dir, tensors, tables, strings, hold=hold,
-                                       on_step=self.on_step)
+            with self._keeping_version("compaction"):
+                name, files = prepare_base(self.index_dir, tensors, tables, strings, hold=hold,
+                                           on_step=self.on_step)
         except BaseException:
             hold.close()
             raise
@@ -437,8 +465,12 @@ class IndexWriter:
             raise RuntimeError("finish_compaction needs the writer open (the writer lock)")
         new = prepared.index
         try:
-            version = install_base(self.index_dir, prepared.name, prepared.files,
-                                   prepared.manifest, new.version, on_step=self.on_step)
+            with self._keeping_version("compaction"):
+                version = install_base(self.index_dir, prepared.name, prepared.files,
+                                       prepared.manifest, new.version, on_step=self.on_step)
+        except BaseException:
+            discard_version(self.index_dir, prepared.name)  # uninstalled: frees its space
+            raise
         finally:
             prepared.hold.close()
         prepared.stages.lap("install")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
 from hippo_gpu.config import DEFAULT_ENCODER, OPENAI_PREFIX, EncoderConfig, RemoteEncoderConfig
 from hippo_gpu.embed.onnx_backend import (
@@ -52,8 +52,9 @@ from hippo_gpu.embed.onnx_backend import (
 from hippo_gpu.embed.openai_client import EmbeddingServerError, OpenAIEmbeddings
 from hippo_gpu.embed.rows import l2_normalize
 from hippo_gpu.embed.sources import HashEncoder, hash_encoder_dim
+from hippo_gpu.errors import DiskFullError
 from hippo_gpu.progress import progress
-from hippo_gpu.store import write_atomic
+from hippo_gpu.store import naming_full_disk, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +80,23 @@ def text_digest(text: str) -> bytes:
 
 
 class EmbeddingCache:
-    """Append-only shards `<dir>/<encoder-hash>/shard-*.safetensors` of (md5 [n,16], emb [n,D])."""
+    """Append-only shards `<dir>/<encoder-hash>/shard-*.safetensors` of (md5 [n,16], emb [n,D]).
+
+    Every file is written atomically (store.write_atomic), so a shard is whole or absent. A full
+    disk never fails an encoding: a shard that could not be written is logged (once per cache)
+    and its rows stay in memory only, so a later run encodes exactly the rows no shard holds.
+    """
 
     def __init__(self, root: str | Path, identity: dict) -> None:
-        ident = json.dumps(identity, sort_keys=True)
-        self.dir = Path(root) / hashlib.sha256(ident.encode()).hexdigest()[:16]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        ident_file = self.dir / "encoder.json"
-        if not ident_file.exists():
-            ident_file.write_text(ident)
+        self._ident = json.dumps(identity, sort_keys=True)
+        self.dir = Path(root) / hashlib.sha256(self._ident.encode()).hexdigest()[:16]
         self._rows: dict[bytes, np.ndarray] = {}
-        for shard in sorted(self.dir.glob("shard-*.safetensors")):
+        self.unsaved = 0  # rows a full disk kept out of the shards (in memory only)
+        try:
+            self._make_dir()
+        except DiskFullError as e:
+            self._not_saved(e, 0)
+        for shard in sorted(self.dir.glob("shard-*.safetensors")) if self.dir.is_dir() else []:
             try:
                 t = load_file(str(shard))
             except Exception as e:  # noqa: BLE001 - a torn shard is skipped, never fatal
@@ -97,6 +104,20 @@ class EmbeddingCache:
                 continue
             for h, v in zip(t["md5"], t["emb"]):
                 self._rows[h.tobytes()] = v
+
+    def _make_dir(self) -> None:
+        """The cache's folder and its encoder.json (the identity it holds; recorded_dims)."""
+        with naming_full_disk(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
+        ident_file = self.dir / "encoder.json"
+        if not ident_file.exists():
+            write_atomic(ident_file, self._ident)
+
+    def _not_saved(self, error: DiskFullError, rows: int) -> None:
+        if not self.unsaved and rows:
+            logger.warning("embedding cache %s: %s; its vectors are kept in memory only, a "
+                           "later run encodes them again", self.dir, error)
+        self.unsaved += rows
 
     @staticmethod
     def recorded_dims(root: str | Path, identity: dict) -> set[int]:
@@ -121,14 +142,19 @@ class EmbeddingCache:
         return len(self._rows)
 
     def put(self, digests: Sequence[bytes], emb: np.ndarray) -> None:
-        """Write one shard atomically (store.write_atomic)."""
+        """Write one shard atomically (store.write_atomic); on a full disk keep its rows in
+        memory only (class docstring)."""
         if len(digests) == 0:
             return
         md5 = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 16)
         shard: dict[str, np.ndarray] = {"md5": md5,
                                         "emb": np.ascontiguousarray(emb, dtype=np.float32)}
         name = f"shard-{os.getpid()}-{hashlib.md5(md5.tobytes()).hexdigest()[:12]}.safetensors"
-        write_atomic(self.dir / name, lambda tmp: save_file(shard, str(tmp)))
+        try:
+            self._make_dir()  # again: a full disk may have kept the constructor from it
+            write_atomic(self.dir / name, save(shard))  # shard_size rows: bytes, one write
+        except DiskFullError as e:
+            self._not_saved(e, len(digests))
         for d, v in zip(digests, emb):
             self._rows[d] = v
 

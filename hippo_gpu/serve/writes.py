@@ -32,6 +32,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
+from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
 from hippo_gpu.store import WriterLockedError, read_manifest
@@ -228,6 +229,8 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
         409: {"description": "another process holds the index's writer lock, or the index is "
                              "served read-only (no index directory)"},
         422: {"description": "malformed passages or triples (nothing changed)"},
+        507: {"description": "the index's disk is full (nothing changed; the same request "
+                             "succeeds once there is space)"},
     }
 
     def holder_of(name: str | None) -> SearcherHolder:
@@ -249,6 +252,8 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
             raise HTTPException(404, str(e.args[0]) if e.args else "unknown key") from e
         except DataFormatError as e:
             raise HTTPException(422, str(e)) from e
+        except DiskFullError as e:
+            raise HTTPException(507, str(e)) from e
 
     @router.post("/v1/passages", operation_id="insert_passages", dependencies=[auth],
                  responses=responses,

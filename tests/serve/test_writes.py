@@ -19,6 +19,7 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
+from tests.diskfull import FullDisk  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
 
 TOKEN = "writes-test-token"
@@ -261,3 +262,27 @@ def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
     assert served.basis is not None and list(served.passage_keys) == list(full.passage_keys)
     loaded = load_index(index_dir, device="cpu")
     assert loaded.stats() == served.stats() and loaded.version == served.version
+
+
+def test_a_full_disk_answers_507_and_changes_nothing(setup) -> None:
+    """A write request on a full disk (tests/diskfull.py: every write under the index fails):
+    507 naming the cause, the index files and the served version unchanged; the same request
+    succeeds once there is space."""
+    holder, new, full, index_dir = setup
+
+    def files() -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in index_dir.rglob("*")
+                if p.is_file() and p.name != ".writer.lock"}
+
+    before, version = files(), holder.current.index.version
+    app = create_app(holder, ServerConfig(token=TOKEN))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as c:
+        with FullDisk(index_dir, fail_at=1) as disk:
+            r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+        assert r.status_code == 507, r.text
+        assert any(op.startswith("mkdir .tmp-s") for op in disk.failed)  # the segment
+        assert "no space left on device for the commit" in r.json()["detail"]
+        assert files() == before and holder.current.index.version == version
+        r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
+        assert r.status_code == 200, r.text
+    assert holder.current.index.passage_keys == full.passage_keys
