@@ -17,8 +17,9 @@ Loading replays the chain: the base, then for each segment delta.plan_change and
 delta.apply_change with the stored vectors and synonym lists (no encoder, no kNN), which is the
 computation the commit itself ran, so the replayed version equals the committed one (same rows,
 same bits). The embeddings of the versions in between are never built: each replay places rows
-by index only (delta.PendingRows) and the last version's rows are copied once (delta.settle). A reader that holds version v moves to the current one by replaying only the
-segments after v (`refresh_index`): no base is re-read or re-verified.
+by index only (delta.PendingRows) and the last version's rows are copied once (delta.settle).
+A reader that holds version v moves to the current one by replaying only the segments after v
+(`refresh_index`): no base is re-read or re-verified.
 
 A replayed version carries no passage basis (it depends on the whole graph; hipporag2 then
 iterates): a compaction (`IndexWriter.compact`) writes the current version as a new base with
