@@ -504,8 +504,10 @@ def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def write_responses(limits: WriteLimits) -> dict[int | str, dict[str, Any]]:
-    """The write routes' documented 413 and 429 (serve/writes.py documents the others)."""
+    """The write routes' documented 400, 413 and 429 (serve/writes.py documents the others)."""
     return {
+        400: response_doc(ErrorBody, "the body could not be read (e.g. not UTF-8)",
+                          {"detail": "There was an error parsing the body"}),
         413: response_doc(ErrorBody, f"request body over {limits.max_body_bytes} bytes",
                           {"detail": f"request body too large: limit {limits.max_body_bytes} "
                                      "bytes"}),

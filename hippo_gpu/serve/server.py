@@ -239,9 +239,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
-        )
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names the first route's methods only
+            allowed = {m for r in app.router.routes if getattr(r, "path", None) ==
+                       request.url.path for m in getattr(r, "methods", None) or ()}
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

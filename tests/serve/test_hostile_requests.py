@@ -201,3 +201,37 @@ def test_after_the_run_the_index_on_disk_is_what_is_served(live: Any) -> None:
     assert list(on_disk.passage_keys) == list(holder.current.index.passage_keys)
     r = send(url, "POST", "/v1/retrieve", {"queries": ["who designed the lighthouse?"]})
     assert r.status_code == 200 and r.json()["results"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# schemathesis on the write routes (test_openapi.py fuzzes the query routes)
+
+schemathesis = pytest.importorskip("schemathesis")
+
+
+@pytest.fixture
+def write_schema(live: Any) -> Any:
+    url = live[0]
+    # A schema-valid write may still be refused with 422, as documented: passages without
+    # triples on a server without --llm, the same passage twice, a delete of every passage.
+    accepted = ["2XX", "401", "404", "409", "413", "422", "429"]
+    config = {"seed": 20261202,
+              "checks": {"enabled": True,
+                         "positive_data_acceptance": {"expected-statuses": accepted}},
+              "generation": {"mode": "all", "max-examples": 10}, "cache": {"enabled": False},
+              "headers": {"Authorization": f"Bearer {TOKEN}"},
+              "operations": [{"include-path": path, "enabled": False} for path in
+                             ("/v1/retrieve", "/v1/explain", "/v1/stats", "/v1/indexes",
+                              "/metrics", "/healthz", "/readyz")]}
+    return schemathesis.openapi.from_url(url + "/openapi.json",
+                                         config=schemathesis.Config.from_dict(config))
+
+
+fuzzed = schemathesis.pytest.from_fixture("write_schema")
+
+
+@fuzzed.parametrize()
+@settings(max_examples=10, derandomize=True, deadline=None,
+          suppress_health_check=list(HealthCheck))
+def test_schemathesis_on_the_write_routes(case: Any) -> None:
+    case.call_and_validate()
