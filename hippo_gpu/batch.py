@@ -92,7 +92,8 @@ def check_row(raw: Any) -> tuple[str | int, str, tuple[str, ...] | None]:
         raise DataFormatError("a row is an object with 'id' and 'query'")
     rid, query, ents = raw.get("id"), raw.get("query"), raw.get("entities")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise DataFormatError(f"'id' must be a string or an integer, got {rid!r}")
+        raise DataFormatError("'id' must be a string or an integer, got "
+                              + ("nothing" if rid is None else type(rid).__name__))
     if not isinstance(query, str) or not query.strip():
         raise DataFormatError("'query' must be a non-empty string")
     if ents is not None and (not isinstance(ents, list)
@@ -133,23 +134,40 @@ def read_query_rows(path: str | Path, *, skip_bad: bool = False,
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{n}", json.loads(line)
-            except json.JSONDecodeError as e:
-                yield f"{path}:{n}", DataFormatError(f"{path}:{n}: not JSON ({e.msg})")
+    """(where, the decoded row, or the DataFormatError of a line that is not UTF-8 JSON)."""
+    try:
+        with path.open("rb") as f:
+            for n, raw in enumerate(f, start=1):
+                where = f"{path}:{n}"
+                try:
+                    line = raw.decode("utf-8")
+                    if line.strip():
+                        yield where, json.loads(line)
+                except UnicodeDecodeError as e:
+                    yield where, DataFormatError(f"{where}: not UTF-8 text ({e.reason})")
+                except json.JSONDecodeError as e:
+                    yield where, DataFormatError(f"{where}: not JSON ({e.msg})")
+                except (ValueError, RecursionError) as e:  # 4301+ digits; nested too deep
+                    yield where, DataFormatError(f"{where}: not readable JSON "
+                                                 f"({type(e).__name__})")
+    except OSError as e:
+        raise DataFormatError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") \
+            from None
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
     pq = _pyarrow_parquet()
+    import pyarrow as pa
+
     n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-        for row in batch.to_pylist():
-            yield f"{path} row {n}", row
-            n += 1
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                yield f"{path} row {n}", row
+                n += 1
+    except (pa.ArrowException, OSError) as e:  # not Parquet, or cut short
+        raise DataFormatError(f"{path} row {n}: not a readable Parquet file "
+                              f"({type(e).__name__})") from None
 
 
 def _pyarrow_parquet() -> Any:

@@ -30,11 +30,11 @@ class DataFormatError(HippoGpuError, ValueError):
 class CoverageError(DataFormatError):
     """The OpenIE file lacks passages of the corpus."""
 
-    def __init__(self, missing: list[str]) -> None:
-        shown = ", ".join(repr(m[:60]) for m in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    def __init__(self, missing: list[str], source: str = "the OpenIE file") -> None:
+        shown = ", ".join(short(m, 60) for m in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         super().__init__(
-            f"the OpenIE file does not cover {len(missing)} corpus passage(s): {shown}{more}; "
+            f"{source} does not cover {len(missing)} corpus passage(s): {shown}{more}; "
             "extract them first, or pass allow_missing=True (--allow-missing-openie) to index "
             "them without triples"
         )
@@ -121,15 +121,44 @@ class OpenIEReport:
         }
 
 
+def describe_source(source: Any, what: str) -> str:
+    """How an error names its input: a path as given (cut to 200 characters), an in-memory
+    object by what it is and its size ("in-memory corpus (list of 3)"), never by its repr,
+    which may be megabytes of passages."""
+    if isinstance(source, (str, Path)):
+        return short(str(source), 200, quote=False)
+    try:
+        size = f" of {len(source)}"
+    except TypeError:
+        size = ""
+    return f"in-memory {what} ({type(source).__name__}{size})"
+
+
+def short(text: str, limit: int = 60, *, quote: bool = True) -> str:
+    """`text` cut to `limit` characters for an error message (repr-quoted unless `quote` is
+    False): a title or a name from the input, never the whole of it."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return repr(cut) if quote else cut
+
+
 def _load_json(path: str | Path) -> Any:
     path = Path(path)
+    where = describe_source(path, "file")
     try:
         with path.open(encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError as e:
-        raise DataFormatError(f"{path}: no such file") from e
+        raise DataFormatError(f"{where}: no such file") from e
+    except OSError as e:  # a directory, no permission, a name too long
+        raise DataFormatError(f"{where}: cannot read it ({e.strerror or type(e).__name__})") \
+            from e
+    except UnicodeDecodeError as e:
+        raise DataFormatError(f"{where}: not UTF-8 text ({e.reason})") from e
     except json.JSONDecodeError as e:
-        raise DataFormatError(f"{path}: not valid JSON ({e})") from e
+        raise DataFormatError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column "
+                              f"{e.colno})") from e
+    except (ValueError, RecursionError) as e:  # an integer of 4301+ digits; nesting too deep
+        raise DataFormatError(f"{where}: not readable JSON ({type(e).__name__})") from e
 
 
 def _passage_from(item: Any, where: str) -> Passage:
@@ -148,10 +177,11 @@ def read_corpus(source: str | Path | Sequence[dict[str, Any]]) -> list[Passage]:
     Duplicate passages (same title and text) are an error: they would share one chunk key.
     """
     items = _load_json(source) if isinstance(source, (str, Path)) else source
+    src = describe_source(source, "corpus")
     if not isinstance(items, list):
-        raise DataFormatError(f"{source}: a corpus is a JSON list of {{title, text}} objects")
-    passages = [_passage_from(item, f"corpus[{i}]") for i, item in enumerate(items)]
-    _check_unique(passages)
+        raise DataFormatError(f"{src}: a corpus is a JSON list of {{title, text}} objects")
+    passages = [_passage_from(item, f"{src}: corpus[{i}]") for i, item in enumerate(items)]
+    _check_unique(passages, src)
     return passages
 
 
@@ -166,7 +196,7 @@ def as_passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]
     items = list(corpus)
     if all(isinstance(p, Passage) for p in items):
         passages: list[Passage] = items  # type: ignore[assignment]
-        _check_unique(passages)
+        _check_unique(passages, describe_source(items, "corpus"))
         return passages
     dicts: list[dict[str, Any]] = [
         {"title": p.title, "text": p.text} if isinstance(p, Passage) else p  # type: ignore[misc]
@@ -175,13 +205,13 @@ def as_passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]
     return read_corpus(dicts)
 
 
-def _check_unique(passages: Sequence[Passage]) -> None:
+def _check_unique(passages: Sequence[Passage], src: str) -> None:
     seen: dict[str, int] = {}
     for i, p in enumerate(passages):
         if p.key in seen:
             raise DataFormatError(
-                f"corpus[{i}] duplicates corpus[{seen[p.key]}] (title {p.title!r}); "
-                "remove duplicates, they would share one passage node"
+                f"{src}: corpus[{i}] duplicates corpus[{seen[p.key]}] (title "
+                f"{short(p.title)}); remove duplicates, they would share one passage node"
             )
         seen[p.key] = i
 
@@ -194,28 +224,20 @@ def read_questions(source: str | Path | Sequence[dict[str, Any]]) -> list[Questi
     supporting passage is title + the sentences joined as HippoRAG's corpus files join them.
     """
     items = _load_json(source) if isinstance(source, (str, Path)) else source
+    src = describe_source(source, "questions")
     if not isinstance(items, list):
-        raise DataFormatError(f"{source}: questions are a JSON list")
+        raise DataFormatError(f"{src}: questions are a JSON list")
     out = []
     for i, q in enumerate(items):
-        where = f"questions[{i}]"
+        where = f"{src}: questions[{i}]"
         if not isinstance(q, dict) or not isinstance(q.get("question"), str):
             raise DataFormatError(f"{where}: needs a 'question' string")
         qid = str(q.get("id", q.get("_id", i)))
-        answers = _answers(q)
+        answers = _answers(q, where)
         if "paragraphs" in q:
-            gold = tuple(
-                _passage_from(p, f"{where}.paragraphs[{j}]")
-                for j, p in enumerate(q["paragraphs"])
-                if p.get("is_supporting")
-            )
+            gold = _musique_gold(q["paragraphs"], where)
         elif "context" in q and "supporting_facts" in q:
-            titles = {t for t, *_ in q["supporting_facts"]}
-            gold = tuple(
-                Passage(title=t, text="".join(sents))
-                for t, sents in q["context"]
-                if t in titles
-            )
+            gold = _context_gold(q["context"], q["supporting_facts"], where)
         else:
             raise DataFormatError(
                 f"{where}: needs 'paragraphs' (MuSiQue) or 'context' + 'supporting_facts'"
@@ -224,11 +246,42 @@ def read_questions(source: str | Path | Sequence[dict[str, Any]]) -> list[Questi
     return out
 
 
-def _answers(q: dict[str, Any]) -> tuple[str, ...]:
-    ans = q.get("answer", [])
-    answers = [ans] if isinstance(ans, str) else list(ans or [])
-    answers += list(q.get("answer_aliases", []) or [])
-    return tuple(a for a in answers if isinstance(a, str))
+def _musique_gold(paragraphs: Any, where: str) -> tuple[Passage, ...]:
+    if not isinstance(paragraphs, list):
+        raise DataFormatError(f"{where}: 'paragraphs' must be a list of objects")
+    gold = []
+    for j, p in enumerate(paragraphs):
+        if not isinstance(p, dict):
+            raise DataFormatError(f"{where}.paragraphs[{j}]: expected an object with title "
+                                  "and text")
+        if p.get("is_supporting"):
+            gold.append(_passage_from(p, f"{where}.paragraphs[{j}]"))
+    return tuple(gold)
+
+
+def _context_gold(context: Any, facts: Any, where: str) -> tuple[Passage, ...]:
+    """2Wiki/HotpotQA: the `context` entries whose title a supporting fact names."""
+    if not isinstance(facts, list) or not all(
+            isinstance(f, list) and f and isinstance(f[0], str) for f in facts):
+        raise DataFormatError(f"{where}: 'supporting_facts' must be a list of [title, "
+                              "sentence index] pairs")
+    if not isinstance(context, list) or not all(
+            isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)
+            and isinstance(c[1], list) and all(isinstance(s, str) for s in c[1])
+            for c in context):
+        raise DataFormatError(f"{where}: 'context' must be a list of [title, [sentence, ...]] "
+                              "pairs")
+    titles = {f[0] for f in facts}
+    return tuple(Passage(title=t, text="".join(sents)) for t, sents in context if t in titles)
+
+
+def _answers(q: dict[str, Any], where: str) -> tuple[str, ...]:
+    ans, aliases = q.get("answer", []), q.get("answer_aliases", [])
+    answers = [ans] if isinstance(ans, str) else ans or []
+    if not isinstance(answers, list) or not isinstance(aliases or [], list):
+        raise DataFormatError(f"{where}: 'answer' is a string or a list, 'answer_aliases' a "
+                              "list")
+    return tuple(a for a in [*answers, *(aliases or [])] if isinstance(a, str))
 
 
 @dataclass(frozen=True)
@@ -256,7 +309,8 @@ class OpenIEDoc:
             if tt not in seen:
                 seen.add(tt)
                 kept.append(tt)
-        return cls(entities=tuple(e for e in (entities or []) if isinstance(e, str)),
+        entities = entities if isinstance(entities, (list, tuple)) else []
+        return cls(entities=tuple(e for e in entities if isinstance(e, str)),
                    triples=tuple(kept), error=error if isinstance(error, str) else None,
                    malformed=tuple(sorted(bad.items())))
 
@@ -291,16 +345,22 @@ def read_openie(
         report: counts of everything skipped.
     """
     data = _load_json(source) if isinstance(source, (str, Path)) else source
+    src = describe_source(source, "OpenIE")
     docs_in = data.get("docs") if isinstance(data, dict) else data
     if not isinstance(docs_in, list):
-        raise DataFormatError(f"{source}: an OpenIE file is an object with a 'docs' list")
+        raise DataFormatError(f"{src}: an OpenIE file is an object with a 'docs' list")
     report = OpenIEReport(passages=len(corpus))
     wanted = {p.key for p in corpus}
     by_key: dict[str, OpenIEDoc] = {}
     for i, d in enumerate(docs_in):
         if not isinstance(d, dict):
-            raise DataFormatError(f"{source}: docs[{i}] is not an object")
-        key = _doc_key(d, f"{source}: docs[{i}]")
+            hint = ("; an OpenIEDoc names no passage: give dicts as an OpenIE file holds them "
+                    "(IndexWriter.insert_docs takes OpenIEDoc objects beside their passages)"
+                    if isinstance(d, OpenIEDoc) else "")
+            raise DataFormatError(f"{src}: docs[{i}]: expected an object with 'idx' or "
+                                  f"'passage' and 'extracted_triples', got "
+                                  f"{type(d).__name__}{hint}")
+        key = _doc_key(d, f"{src}: docs[{i}]")
         if key not in wanted:
             report.extra_passages += 1
             continue
@@ -311,7 +371,7 @@ def read_openie(
         by_key[key] = doc
     missing = [p.content for p in corpus if p.key not in by_key]
     if missing and not allow_missing:
-        raise CoverageError(missing)
+        raise CoverageError(missing, src)
     report.missing_passages = len(missing)
     docs = [by_key.get(p.key, OpenIEDoc(entities=(), triples=())) for p in corpus]
     report.triples_kept = sum(len(d.triples) for d in docs)

@@ -160,6 +160,7 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *
         try:
             if callable(data):
                 data(tmp)
+                os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600: the user's permissions
             else:
                 with tmp.open("wb") as f:
                     f.write(data.encode("utf-8") if isinstance(data, str) else data)

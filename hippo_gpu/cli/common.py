@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -42,8 +43,9 @@ def setup(threads: int | None, verbose: bool = False) -> int:
 
 
 def fail(msg: str) -> NoReturn:
-    """Print an error and exit with status 2."""
-    err_console.print(f"[bold red]error:[/] {msg}")
+    """Print an error and exit with status 2 (the message is text: a path or title holding
+    "[/x]" is printed as it is, not read as console markup)."""
+    err_console.print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(2)
 
 

@@ -1,9 +1,12 @@
 """`hippo-gpu serve`: load an index once and serve it over HTTP with micro-batching.
 
-The bearer token is read here, from the environment variable named by --token-env, and handed to
-the server config; library code never reads the environment. With a token, the OpenAPI schema
-declares bearer security on /v1/*; without one it declares none. Loopback is the default host.
-Every request limit below is part of the served OpenAPI schema (see hippo_gpu.serve.schema).
+The bearer token is read here, from --token-file (its first line) or else the environment
+variable named by --token-env, and handed to the server config; library code never reads the
+environment, and nothing prints the token. With a token, the OpenAPI schema declares bearer
+security on /v1/*; without one it declares none. Loopback is the default host; a server without
+a token on a loopback address answers only loopback Host names (DNS rebinding), one bound
+elsewhere answers any. Every request limit below is part of the served OpenAPI schema (see
+hippo_gpu.serve.schema).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from hippo_gpu.cli.reasoning import (
 )
 from hippo_gpu.device import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
-from hippo_gpu.serve.config import QueryLimits, ServerConfig
+from hippo_gpu.serve.config import LOOPBACK_HOSTS, QueryLimits, ServerConfig, WriteLimits
 
 if TYPE_CHECKING:
     from hippo_gpu.llm.ircot import ReasonerSpec
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_ENV = "HIPPO_GPU_TOKEN"
 _LIMITS = QueryLimits()  # the flags' defaults
+_WRITES = WriteLimits()
 
 
 def register(app: typer.Typer) -> None:
@@ -73,6 +77,16 @@ def serve(
     token_env: str = typer.Option(
         DEFAULT_TOKEN_ENV, help="env var holding the bearer token; unset or empty: no auth"
     ),
+    token_file: Path | None = typer.Option(
+        None, help="file whose first line is the bearer token (instead of --token-env)"),
+    max_write_passages: int = typer.Option(
+        _WRITES.max_passages_per_request, min=1,
+        help="--writable: most passages per insert; beyond -> 422 (in the schema)"),
+    max_write_bytes: int = typer.Option(
+        _WRITES.max_body_bytes, min=1, help="--writable: largest write body; beyond -> 413"),
+    writes_per_second: float = typer.Option(
+        _WRITES.writes_per_second, min=0.001,
+        help="--writable: sustained write requests per second; beyond -> 429"),
     threads: int | None = typer.Option(None, min=1, help="torch CPU threads (default: torch's)"),
     precision: str = typer.Option(
         "float32", help="embedding/score precision on the device: float32 | float16 | bfloat16"
@@ -128,7 +142,8 @@ def serve(
         indexes = parse_index_specs(index)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    token = os.environ.get(token_env) or None
+    token = _read_token(token_file) if token_file is not None else \
+        os.environ.get(token_env) or None
     try:
         config = ServerConfig(
             batcher=BatcherConfig(max_batch, max_wait_ms, max_queue),
@@ -140,6 +155,10 @@ def serve(
             mcp=mcp,
             max_ircot_steps=max_ircot_steps,
             ui=ui,
+            writes=replace(_WRITES, max_passages_per_request=max_write_passages,
+                           max_body_bytes=max_write_bytes,
+                           writes_per_second=writes_per_second),
+            allowed_hosts=LOOPBACK_HOSTS if _is_loopback(host) else ("*",),
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
@@ -149,7 +168,10 @@ def serve(
             err=True,
         )
     if writable and token is None:
-        raise typer.BadParameter(f"--writable needs a token: set {token_env}")
+        raise typer.BadParameter(f"--writable needs a token: set {token_env} or --token-file")
+    if writable and len({p.resolve() for p in indexes.values()}) < len(indexes):
+        raise typer.BadParameter("--writable: one directory is given under two names; each "
+                                 "index's writes switch only its own name's queries")
     # One spec per index, each opened into its own searcher (and query encoder). Warm-up loads
     # the query encoder and builds the solvers before serving, so /readyz means ready and the
     # first client does not pay for it.
@@ -223,6 +245,19 @@ def _serve_on_ray(address: str, specs: Mapping[str, SearcherSpec], config: Serve
                            say=lambda line: typer.echo(line, err=True))
     except (ImportError, ValueError, FileNotFoundError, ConnectionError) as e:
         raise typer.BadParameter(f"--ray {address}: {e}") from e
+
+
+def _read_token(path: Path) -> str:
+    """The first line of `path`, stripped. Errors name the file, never its contents."""
+    try:
+        first = path.read_bytes().decode("utf-8").partition("\n")[0].strip()
+    except OSError as e:
+        raise typer.BadParameter(f"--token-file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise typer.BadParameter(f"--token-file {path}: not UTF-8 text") from None
+    if not first:
+        raise typer.BadParameter(f"--token-file {path}: the first line is blank")
+    return first
 
 
 def _is_loopback(host: str) -> bool:

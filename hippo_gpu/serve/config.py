@@ -3,8 +3,11 @@ config that owns them.
 
 `QueryLimits` is the one statement of the per-query limits (characters, entities, top_k): the
 HTTP request schema (serve/schema.py) and the MCP tools' input schemas (serve/mcp.py) are both
-built from it. `ServerConfig` holds one `QueryLimits` beside what only HTTP has: how many queries
-one request may carry, the micro-batcher's limits, the bearer token and whether /mcp is served.
+built from it. `WriteLimits` states those of the write routes (serve/writes.py: passages, keys and
+characters per request in their schema; body bytes and writes per second enforced before it).
+`ServerConfig` holds both beside what only HTTP has: how many queries one request may carry, the
+micro-batcher's limits, the bearer token, the Host names a server without a token answers, and
+whether /mcp is served.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from hippo_gpu.serve.batcher import BatcherConfig
+from hippo_gpu.serve.write_limits import WriteLimits
 
-__all__ = ["QueryLimits", "ServerConfig"]
+__all__ = ["LOOPBACK_HOSTS", "QueryLimits", "ServerConfig", "WriteLimits"]
+
+# The Host names (any port) a server without a token answers by default (serve/guards.HostGuard).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,18 @@ class ServerConfig:
         batcher: micro-batching limits (max_batch, max_wait_ms, max_queue).
         max_queries_per_request: most queries in one request.
         limits: the per-query limits (characters, entities, top_k), shared with /mcp.
-        token: bearer token required on /v1/*, /metrics and /mcp; None serves without
-            authentication.
+        token: bearer token required on /v1/*, /metrics and /mcp (visible ASCII, no spaces);
+            None serves without authentication.
         mcp: serve the MCP tools at /mcp: None when the `mcp` package is installed, True always
             (ImportError without it), False never.
         max_ircot_steps: largest `ircot.max_steps` of a retrieve request (a server with an LLM).
         ui: serve the explorer page at /ui (its static files; every request it makes goes to
             /v1/*, behind the token).
+        writes: the limits of the write routes (served with a token and a writable index).
+        allowed_hosts: the Host names (any port) a server without a token answers, so a web
+            page cannot reach it through a DNS name rebound to this machine; ("*",) answers
+            any (the CLI's choice when it binds a non-loopback address). A server with a token
+            answers any Host: the token is the guard.
     """
 
     batcher: BatcherConfig = dataclasses.field(default_factory=BatcherConfig)
@@ -62,6 +74,8 @@ class ServerConfig:
     mcp: bool | None = None
     max_ircot_steps: int = 8
     ui: bool = True
+    writes: WriteLimits = dataclasses.field(default_factory=WriteLimits)
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
     def __post_init__(self) -> None:
         _check_positive("max_queries_per_request", self.max_queries_per_request)
@@ -72,8 +86,13 @@ class ServerConfig:
                 f"max_queries_per_request ({self.max_queries_per_request}) exceeds max_queue "
                 f"({self.batcher.max_queue})"
             )
-        if self.token is not None and not self.token.strip():
-            raise ValueError("token must be None or a non-blank string")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable()
+                                           and self.token and " " not in self.token):
+            # A header value is bytes: a token outside visible ASCII would compare as one
+            # encoding on /v1/* and another on /mcp. The message never shows the token.
+            raise ValueError("token must be None or visible ASCII characters (no spaces)")
+        if not self.allowed_hosts:
+            raise ValueError("allowed_hosts must name at least one host (or be (\"*\",))")
 
     @property
     def max_body_bytes(self) -> int:

@@ -43,7 +43,7 @@ from pydantic import (
 
 from hippo_gpu.config import MODES
 from hippo_gpu.ircot import STOPS
-from hippo_gpu.serve.config import ServerConfig
+from hippo_gpu.serve.config import ServerConfig, WriteLimits
 from hippo_gpu.serve.explain_schema import ExplainResponse, SeedFact
 from hippo_gpu.serve.service import DEFAULT_INDEX, UnknownIndexError
 
@@ -500,6 +500,23 @@ def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
         ),  # fmt: skip
         500: response_doc(ErrorBody, "internal error", {"detail": "internal server error"}),
         503: response_doc(ErrorBody, "shutting down", {"detail": "server shutting down"}),
+    }
+
+
+def write_responses(limits: WriteLimits) -> dict[int | str, dict[str, Any]]:
+    """The write routes' documented 400, 413 and 429 (serve/writes.py documents the others)."""
+    return {
+        400: response_doc(ErrorBody, "the body could not be read (e.g. not UTF-8)",
+                          {"detail": "There was an error parsing the body"}),
+        413: response_doc(ErrorBody, f"request body over {limits.max_body_bytes} bytes",
+                          {"detail": f"request body too large: limit {limits.max_body_bytes} "
+                                     "bytes"}),
+        429: response_doc(
+            ErrorBody, f"more than {limits.writes_per_second:g} write requests per second "
+                       f"(bursts of {limits.write_burst}); retry after the given seconds",
+            {"detail": "too many writes"},
+            {"Retry-After": {"description": "seconds", "required": True,
+                             "schema": {"type": "integer"}}}),
     }
 
 

@@ -38,8 +38,12 @@ built from `ServerConfig` (serve/config.py); serve/schema.py builds it and state
 - 413 is the body-size guard (`ServerConfig.max_body_bytes`, checked before parsing, declared or
   streamed; serve/guards.py). It is sized so that every schema-valid request, serialised with
   every character escaped (12 bytes for a non-BMP character as a surrogate pair), fits.
-- 429 (with Retry-After) means the queue is full; 503 that the server is shutting down; 500 an
-  internal error (a bug: short body, logged, no trace, no path).
+- 429 (with Retry-After) means the queue is full (a write route: the write rate,
+  `WriteLimits.writes_per_second`); 503 that the server is shutting down; 500 an internal error
+  (a bug: short body, logged, no trace, no path).
+- A server without a token answers only the Host names of `ServerConfig.allowed_hosts` (loopback
+  by default): 421 for another Host, 403 for an Origin on another host (serve/guards.HostGuard,
+  against DNS rebinding; not in the document, which describes requests to this server's names).
 
 Authentication: when `ServerConfig.token` is set, /v1/*, /metrics and /mcp need
 `Authorization: Bearer <token>` (401 otherwise; serve/guards.py) and the schema declares HTTP
@@ -76,7 +80,14 @@ from starlette.routing import Route
 from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.config import ServerConfig
-from hippo_gpu.serve.guards import BearerGuard, BodyLimit, bearer_auth
+from hippo_gpu.serve.guards import (
+    BearerGuard,
+    BodyLimit,
+    HostGuard,
+    WriteRate,
+    bearer_auth,
+    rate_limited,
+)
 from hippo_gpu.serve.ircot import answer_ircot, trace
 from hippo_gpu.serve.metrics import (
     CONTENT_TYPE,
@@ -100,6 +111,7 @@ from hippo_gpu.serve.schema import (
     retrieve_responses,
     unauthorized_response,
     unknown_index_response,
+    write_responses,
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
@@ -118,6 +130,7 @@ __all__ = ["MCP_PATH", "ServerConfig", "create_app"]
 log = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
+WRITE_PATH = "/v1/passages"
 
 
 def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | SearcherHolder],
@@ -148,7 +161,12 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
         description=API_DESCRIPTION,
         lifespan=_lifespan(service, mcp_app),
     )
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    writable = config.token is not None and any(
+        s.holder.index_dir is not None for s in service.indexes.values())
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes,
+                       by_path={WRITE_PATH: config.writes.max_body_bytes} if writable else None)
+    if config.token is None and "*" not in config.allowed_hosts:
+        app.add_middleware(HostGuard, hosts=config.allowed_hosts)
     # Added last, so outermost: it sees the body limit's 413s and every auth 401.
     route_paths: set[str] = set()  # filled once every route is added, below
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=lambda: route_paths)
@@ -163,7 +181,8 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     _add_read_routes(app, service, config, metrics, auth)
     _add_retrieve(app, service, config, auth, reasoner)
     _add_explain(app, service, config, auth)
-    _add_write_routes(app, service, config, auth)
+    if writable:
+        _add_write_routes(app, service, config, auth)
     if config.ui:
         add_ui_routes(app)
     if mcp_app is not None:
@@ -220,9 +239,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
-        )
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names the first route's methods only
+            allowed = {m for r in app.router.routes if getattr(r, "path", None) ==
+                       request.url.path for m in getattr(r, "methods", None) or ()}
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -396,11 +418,14 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
 
 def _add_write_routes(app: FastAPI, service: RetrievalService, config: ServerConfig,
                       auth: _Auth) -> None:
-    """POST / DELETE /v1/passages (serve/writes.py): only with a token and a writable index."""
-    writable = any(s.holder.index_dir is not None for s in service.indexes.values())
-    if writable and config.token is not None:
-        holders = {n: s.holder for n, s in service.indexes.items()}
-        app.include_router(write_router(holders, auth.dependencies[0], auth.responses))
+    """POST / DELETE /v1/passages (serve/writes.py), behind the token and the write rate: only
+    with a token and a writable index."""
+    limits = config.writes
+    holders = {n: s.holder for n, s in service.indexes.items()}
+    guard = rate_limited(auth.dependencies[0], WriteRate(limits.writes_per_second,
+                                                         limits.write_burst))
+    responses = {**auth.responses, **write_responses(limits)}
+    app.include_router(write_router(holders, guard, responses, limits))
 
 
 def _mcp_app(service: RetrievalService, config: ServerConfig,

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,7 @@ from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
+from hippo_gpu.serve.write_limits import WriteLimits
 from hippo_gpu.store import WriterLockedError, read_manifest
 from hippo_gpu.versions import needs_compaction
 from hippo_gpu.writer import COMPACT_AFTER, IndexWriter
@@ -151,39 +152,48 @@ class SearcherHolder:
             self._compactor.join(timeout)
 
 
-class PassageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]:
+    """(InsertRequest, DeleteRequest): the write routes' bodies, with `limits` in their schema."""
 
-    title: str = Field(max_length=1_000, description="passage title")
-    text: str = Field(min_length=1, max_length=100_000, description="passage body")
-    triples: list[list[str]] | None = Field(
-        default=None, max_length=1_000,
-        description="OpenIE triples [subject, predicate, object] of this passage; omit them "
-                    "to have the server extract them (only when it runs with --llm)")
-    entities: list[str] = Field(default_factory=list, max_length=1_000,
-                                description="named entities (kept with the OpenIE record)")
+    class PassageIn(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        title: str = Field(max_length=limits.max_title_chars, description="passage title")
+        text: str = Field(min_length=1, max_length=limits.max_text_chars,
+                          description="passage body")
+        triples: list[list[str]] | None = Field(
+            default=None, max_length=limits.max_triples_per_passage,
+            description="OpenIE triples [subject, predicate, object] of this passage; omit "
+                        "them to have the server extract them (only when it runs with --llm)")
+        entities: list[str] = Field(default_factory=list,
+                                    max_length=limits.max_entities_per_passage,
+                                    description="named entities (kept with the OpenIE record)")
+
+    index_field = Field(default=None, max_length=64,
+                        description="the served index to change (default: the server's first)")
+
+    class InsertRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        passages: list[PassageIn] = Field(min_length=1,
+                                          max_length=limits.max_passages_per_request)
+        index: str | None = index_field
+
+    class DeleteRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        keys: list[Annotated[str, Field(max_length=64)]] = Field(
+            min_length=1, max_length=limits.max_keys_per_request,
+            description='passage keys "chunk-<md5>" to remove')
+        index: str | None = index_field
+
+    return InsertRequest, DeleteRequest
 
 
-_INDEX_FIELD = Field(default=None, max_length=64,
-                     description="the served index to change (default: the server's first)")
+InsertRequest, DeleteRequest = write_models(WriteLimits())  # the default limits' bodies
 
 
-class InsertRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    passages: list[PassageIn] = Field(min_length=1, max_length=10_000)
-    index: str | None = _INDEX_FIELD
-
-
-class DeleteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    keys: list[str] = Field(min_length=1, max_length=100_000,
-                            description='passage keys "chunk-<md5>" to remove')
-    index: str | None = _INDEX_FIELD
-
-
-def _docs_of(passages: list[PassageIn], holder: SearcherHolder) -> list[OpenIEDoc]:
+def _docs_of(passages: list[Any], holder: SearcherHolder) -> list[OpenIEDoc]:
     """OpenIE of the posted passages, in their order: their own triples, else the server's
     LLM's (extracted into the holder's LLM cache; no OpenIE file)."""
     contents = [Passage(title=p.title, text=p.text) for p in passages]
@@ -216,9 +226,12 @@ def _extract(passages: list[Passage], holder: SearcherHolder) -> list[OpenIEDoc]
 
 
 def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: Any,
-                 auth_responses: dict[int | str, dict[str, Any]]) -> APIRouter:
+                 auth_responses: dict[int | str, dict[str, Any]],
+                 limits: WriteLimits | None = None) -> APIRouter:
     """The write routes over `holders` (name -> holder; the first is the default; one holder
-    alone is served as "default"); `auth` is the server's bearer-token dependency (required)."""
+    alone is served as "default"); `auth` is the server's bearer-token dependency (required),
+    `limits` the bodies' (default: WriteLimits())."""
+    insert_model, delete_model = write_models(limits or WriteLimits())
     by_name = dict(holders) if isinstance(holders, Mapping) else {"default": holders}
     default = next(iter(by_name))
     router = APIRouter()
@@ -255,10 +268,7 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
         except DiskFullError as e:
             raise HTTPException(507, str(e)) from e
 
-    @router.post("/v1/passages", operation_id="insert_passages", dependencies=[auth],
-                 responses=responses,
-                 summary="Add passages (with their triples); one atomic commit")
-    async def insert_passages(req: InsertRequest) -> dict[str, Any]:
+    async def insert_passages(req: Any) -> dict[str, Any]:
         holder = holder_of(req.index)
         def apply(w: IndexWriter) -> int:
             return w.insert_docs([Passage(title=p.title, text=p.text) for p in req.passages],
@@ -266,11 +276,18 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
 
         return await run(holder, apply)
 
-    @router.delete("/v1/passages", operation_id="delete_passages", dependencies=[auth],
-                   responses=responses,
-                   summary="Remove passages by key; one atomic commit")
-    async def delete_passages(req: DeleteRequest) -> dict[str, Any]:
+    async def delete_passages(req: Any) -> dict[str, Any]:
         holder = holder_of(req.index)
         return await run(holder, lambda w: w.delete(req.keys))
+
+    # The body models carry `limits`; FastAPI reads them from the annotations.
+    insert_passages.__annotations__["req"] = insert_model
+    delete_passages.__annotations__["req"] = delete_model
+    router.post("/v1/passages", operation_id="insert_passages", dependencies=[auth],
+                responses=responses,
+                summary="Add passages (with their triples); one atomic commit")(insert_passages)
+    router.delete("/v1/passages", operation_id="delete_passages", dependencies=[auth],
+                  responses=responses,
+                  summary="Remove passages by key; one atomic commit")(delete_passages)
 
     return router
