@@ -9,14 +9,24 @@ driver (this process) joins it with `ray.init(address)`. Ray's node health check
 defaults unless `system_config` says otherwise, so a killed node is declared dead as late as on
 a real cluster (about 15 s: 5 missed checks 3 s apart).
 
-`kill_node_running` picks a worker node by what it runs (the title of a Ray worker process:
-"ray::MapWorker(MapBatches(IndexActor))", "ray::_run_shard", "ray::ServeReplica:...") and kills
-its raylet, object store and agents with SIGKILL, without a graceful shutdown: what a machine
-that loses power does to its Ray processes. The worker processes of the node then die with it.
+`node_running` picks a worker node by what it runs (the title of a Ray worker process:
+"ray::MapWorker(MapBatches(IndexActor))", "ray::_run_shard", "ray::ServeReplica:...") and
+`kill_node` kills its raylet, object store and agents with SIGKILL, without a graceful
+shutdown: what a machine that loses power does to its Ray processes. The worker processes of
+the node then die with it.
+
+`node_loss_drill` runs the three Ray commands of the CLI at once against one cluster and kills
+a worker node that runs a part of each: one node loss (and one wait for the cluster to declare
+the node dead) for the three guarantees.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -27,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
+from tests.helpers import REPO
 
 STORE = 80 << 20  # bytes of object store per node (Ray's minimum is 75 MiB)
 
@@ -86,15 +98,19 @@ def processes_on(node: Any) -> list[str]:
     return titles
 
 
-def kill_node_running(cluster: Any, title: str) -> int:
-    """SIGKILL the first worker node (by node id) with a process whose title holds `title`;
-    returns how many such processes it had. AssertionError when no node runs one."""
+def node_running(cluster: Any, *titles: str) -> Any:
+    """The first worker node (by node id) with, for each of `titles`, a process whose title
+    holds it; None when no node runs them all."""
     for node in sorted(cluster.worker_nodes, key=lambda n: n.node_id):
-        running = sum(title in t for t in processes_on(node))
-        if running:
-            cluster.remove_node(node, allow_graceful=False)
-            return running
-    raise AssertionError(f"no worker node runs a {title!r} process")
+        running = processes_on(node)
+        if all(any(title in t for t in running) for title in titles):
+            return node
+    return None
+
+
+def kill_node(cluster: Any, node: Any) -> None:
+    """SIGKILL the node's raylet, object store and agents, with no graceful shutdown."""
+    cluster.remove_node(node, allow_graceful=False)
 
 
 @dataclass
@@ -160,3 +176,156 @@ def wait_for(what: str, check: Any, timeout_s: float, every_s: float = 0.2) -> f
         assert time.monotonic() - t0 < timeout_s, f"{what}: not within {timeout_s:.0f} s"
         time.sleep(every_s)
     return time.monotonic() - t0
+
+
+# --- the drill: the three Ray commands at once, one worker node lost under them ---------------
+
+ACTOR = "ray::MapWorker(MapBatches(IndexActor))"  # a `retrieve --ray` replica
+SHARD = "ray::_run_shard"  # an `extract --ray` shard task
+REPLICA = "ray::ServeReplica:hippo-gpu:HippoReplica"  # a `serve --ray` replica
+
+
+@dataclass
+class Job:
+    """A CLI subprocess: its command, exit status, output (stdout and stderr) and run time."""
+
+    proc: subprocess.Popen
+    started: float
+    rc: int | None = None
+    output: str = ""
+    seconds: float = 0.0
+
+    def finish(self, timeout_s: float) -> None:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.rc, self.output = self.proc.returncode, out.decode(errors="replace")
+        self.seconds = time.monotonic() - self.started
+
+
+@dataclass
+class Drill:
+    """What happened: the jobs, the serve load, when the node died and what it ran then."""
+
+    retrieve: Job
+    extract: Job
+    load: Load
+    killed_at: float
+    replaced_at: float
+    parts_at_kill: int  # retrieve's committed parts when the node died
+    passages_at_kill: int  # extract's passages in the driver's cache when the node died
+    lost: dict[str, int]  # processes of each kind on the lost node
+    replicas_before: set[str]
+    replicas_after: set[str]
+
+
+def _cli(*args: str) -> Job:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return Job(proc, time.monotonic())
+
+
+def ok_passages(cache: Path) -> int:
+    """Passages whose OpenIE the driver has committed to its cache."""
+    import sqlite3
+
+    if not cache.exists():
+        return 0
+    db = sqlite3.connect(cache, timeout=5)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM results WHERE task = 'openie' AND "
+                              "status = 'ok'").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        db.close()
+
+
+def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
+                    endpoints: list[str], work: Path, *, body_of: Any, clients: int = 3,
+                    part_size: int = 40, shard_size: int = 8, timeout_s: float = 300) -> Drill:
+    """Serve `index` with `serve --ray ADDRESS --replicas 2` under `clients` querying clients;
+    run `retrieve --ray ADDRESS` over `queries` (2 workers) and `extract --ray ADDRESS` over
+    `corpus` (`endpoints`, 2 shards in flight) into `work`; once retrieve has committed 3
+    parts and extract a shard, kill the first worker node that runs a retrieve replica, a
+    shard and a Serve replica at that moment; wait until both jobs end and Serve runs two
+    replicas again, one of them new.
+
+    Serve's HTTP proxy runs on the head node only (all the nodes here share one address, so a
+    proxy per node could not each bind the port; a real cluster puts one on every node),
+    started here first; the CLI joins that Serve instance."""
+    from ray import serve
+
+    address = cluster.address
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    server = _cli("serve", "--index", str(index), "--ray", address, "--replicas", "2",
+                  "--cpus-per-replica", "0.5", "--threads", "1", "--port", str(port),
+                  "--device", "cpu")
+    retrieve = extract = None
+    try:
+        def deployed() -> bool:
+            assert server.proc.poll() is None, server.proc.stdout.read().decode()[-3000:] \
+                if server.proc.stdout else ""
+            app = serve.status().applications.get("hippo-gpu")
+            return app is not None and app.status == "RUNNING"
+
+        wait_for("the serve --ray deployment", deployed, timeout_s, every_s=0.5)
+        before = serve_replicas()
+        out, cache = work / "ray.jsonl", work / "openie.json.cache.sqlite"
+        parts = work / "ray.jsonl.parts"
+        with Load(f"http://127.0.0.1:{port}", clients, body_of) as load:
+            retrieve = _cli("retrieve", "--index", str(index), "--queries", str(queries),
+                            "--out", str(out), "--top-k", "5", "--batch-size", "32",
+                            "--part-size", str(part_size), "--device", "cpu", "--threads", "1",
+                            "--ray", address, "--workers", "2", "--cpus-per-worker", "0.5")
+            extract = _cli("extract", "--corpus", str(corpus), "--out",
+                           str(work / "openie.json"), "--cache", str(cache), "--llm",
+                           ",".join(endpoints), "--ray", address, "--shard-size",
+                           str(shard_size), "--wave-size", "4", "--workers", "2",
+                           "--concurrency", "2")
+            victim: list[Any] = []
+
+            def all_three_busy() -> bool:
+                for job in (retrieve, extract):
+                    assert job.proc.poll() is None, "a job ended before the node was lost:\n" \
+                        + (job.proc.stdout.read().decode()[-3000:] if job.proc.stdout else "")
+                if len(list(parts.glob("part-*.parquet"))) < 3 or ok_passages(cache) < 1:
+                    return False
+                node = node_running(cluster, ACTOR, SHARD, REPLICA)
+                if node is not None:
+                    victim.append(node)
+                return node is not None
+
+            wait_for("a node running all three", all_three_busy, timeout_s, every_s=0.02)
+            running = processes_on(victim[0])
+            lost = {k: sum(k in t for t in running) for k in (ACTOR, SHARD, REPLICA)}
+            parts_at_kill = len(list(parts.glob("part-*.parquet")))
+            passages_at_kill = ok_passages(cache)
+            kill_node(cluster, victim[0])
+            killed_at = time.monotonic()
+
+            def replaced() -> bool:
+                states = serve.status().applications["hippo-gpu"].deployments[
+                    "HippoReplica"].replica_states
+                return states == {"RUNNING": 2} and len(serve_replicas() - before) == 1
+
+            wait_for("a replacement Serve replica", replaced, timeout_s, every_s=0.5)
+            replaced_at = time.monotonic()
+            retrieve.finish(timeout_s)
+            extract.finish(timeout_s)
+            time.sleep(1.5)  # traffic after the replacement
+        return Drill(retrieve, extract, load, killed_at, replaced_at, parts_at_kill,
+                     passages_at_kill, lost, before, serve_replicas())
+    finally:
+        for job in (retrieve, extract):
+            if job is not None and job.proc.poll() is None:
+                job.proc.kill()
+        server.proc.send_signal(signal.SIGINT)
+        server.finish(60)
+        serve.shutdown()
