@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,7 +38,7 @@ from typing import Any
 
 import ray
 
-from tests.helpers import REPO
+from tests.helpers import QUERIES, REPO
 
 STORE = 80 << 20  # bytes of object store per node (Ray's minimum is 75 MiB)
 
@@ -219,6 +219,8 @@ class Drill:
     lost: dict[str, int]  # processes of each kind on the lost node
     replicas_before: set[str]
     replicas_after: set[str]
+    marks: dict[str, float]  # seconds from the drill's start: deployed, killed, replaced, ...
+    restarts: dict[str, int] | None  # actor restarts by class (None: not readable)
 
 
 def _cli(*args: str) -> Job:
@@ -226,6 +228,30 @@ def _cli(*args: str) -> Job:
     proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return Job(proc, time.monotonic())
+
+
+def query_rows(n: int) -> list[dict[str, Any]]:
+    """`n` query rows {"id", "query"} about the sample corpus, ids int and str mixed."""
+    words = ["lighthouse", "Alzheimer", "tidal clock", "museum", "river", "college", "Skerrow"]
+    return [{"id": i if i % 3 else f"q{i}",
+             "query": f"{QUERIES[i % len(QUERIES)]} {words[i % len(words)]} {i % 101}"}
+            for i in range(n)]
+
+
+def actor_restarts() -> dict[str, int] | None:
+    """Restarts per actor class, dead actors included, from the GCS's actor table (Ray's
+    state API needs the dashboard, which this cluster does not run; the table's reader is
+    private to Ray, so None if it is not there)."""
+    try:
+        from ray._private.state import actors
+
+        table = actors()
+    except (ImportError, AttributeError):
+        return None
+    restarts: Counter[str] = Counter()
+    for a in table.values():
+        restarts[a.get("ActorClassName", "?")] += int(a.get("NumRestarts", 0))
+    return dict(restarts)
 
 
 def ok_passages(cache: Path) -> int:
@@ -246,26 +272,29 @@ def ok_passages(cache: Path) -> int:
 
 def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
                     endpoints: list[str], work: Path, *, body_of: Any, clients: int = 3,
-                    part_size: int = 40, shard_size: int = 8, timeout_s: float = 300) -> Drill:
-    """Serve `index` with `serve --ray ADDRESS --replicas 2` under `clients` querying clients;
+                    part_size: int = 40, shard_size: int = 8, replicas: int = 2,
+                    threads: int = 1, timeout_s: float = 300) -> Drill:
+    """Serve `index` with `serve --ray ADDRESS --replicas N` under `clients` querying clients;
     run `retrieve --ray ADDRESS` over `queries` (2 workers) and `extract --ray ADDRESS` over
     `corpus` (`endpoints`, 2 shards in flight) into `work`; once retrieve has committed 3
     parts and extract a shard, kill the first worker node that runs a retrieve replica, a
-    shard and a Serve replica at that moment; wait until both jobs end and Serve runs two
-    replicas again, one of them new.
+    shard and a Serve replica at that moment; wait until both jobs end and Serve runs its
+    `replicas` again, one of them new. Every command gets `threads` torch threads.
 
     Serve's HTTP proxy runs on the head node only (all the nodes here share one address, so a
     proxy per node could not each bind the port; a real cluster puts one on every node),
     started here first; the CLI joins that Serve instance."""
     from ray import serve
 
-    address = cluster.address
+    address, t0 = cluster.address, time.monotonic()
+    marks: dict[str, float] = {}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    server = _cli("serve", "--index", str(index), "--ray", address, "--replicas", "2",
-                  "--cpus-per-replica", "0.5", "--threads", "1", "--port", str(port),
+    server = _cli("serve", "--index", str(index), "--ray", address, "--replicas",
+                  str(replicas), "--cpus-per-replica", "0.5", "--threads", str(threads),
+                  "--port", str(port),
                   "--device", "cpu")
     retrieve = extract = None
     try:
@@ -276,13 +305,15 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
             return app is not None and app.status == "RUNNING"
 
         wait_for("the serve --ray deployment", deployed, timeout_s, every_s=0.5)
+        marks["deployed"] = time.monotonic() - t0
         before = serve_replicas()
         out, cache = work / "ray.jsonl", work / "openie.json.cache.sqlite"
         parts = work / "ray.jsonl.parts"
         with Load(f"http://127.0.0.1:{port}", clients, body_of) as load:
             retrieve = _cli("retrieve", "--index", str(index), "--queries", str(queries),
                             "--out", str(out), "--top-k", "5", "--batch-size", "32",
-                            "--part-size", str(part_size), "--device", "cpu", "--threads", "1",
+                            "--part-size", str(part_size), "--device", "cpu", "--threads",
+                            str(threads),
                             "--ray", address, "--workers", "2", "--cpus-per-worker", "0.5")
             extract = _cli("extract", "--corpus", str(corpus), "--out",
                            str(work / "openie.json"), "--cache", str(cache), "--llm",
@@ -309,19 +340,22 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
             passages_at_kill = ok_passages(cache)
             kill_node(cluster, victim[0])
             killed_at = time.monotonic()
+            marks["killed"] = killed_at - t0
 
             def replaced() -> bool:
                 states = serve.status().applications["hippo-gpu"].deployments[
                     "HippoReplica"].replica_states
-                return states == {"RUNNING": 2} and len(serve_replicas() - before) == 1
+                return states == {"RUNNING": replicas} and len(serve_replicas() - before) == 1
 
             wait_for("a replacement Serve replica", replaced, timeout_s, every_s=0.5)
             replaced_at = time.monotonic()
-            retrieve.finish(timeout_s)
-            extract.finish(timeout_s)
-            time.sleep(1.5)  # traffic after the replacement
+            marks["replaced"] = replaced_at - t0
+            for name, job in (("retrieve", retrieve), ("extract", extract)):
+                job.finish(timeout_s)
+                marks[f"{name} done"] = job.started + job.seconds - t0
+            time.sleep(1.0)  # traffic after the replacement
         return Drill(retrieve, extract, load, killed_at, replaced_at, parts_at_kill,
-                     passages_at_kill, lost, before, serve_replicas())
+                     passages_at_kill, lost, before, serve_replicas(), marks, actor_restarts())
     finally:
         for job in (retrieve, extract):
             if job is not None and job.proc.poll() is None:

@@ -45,6 +45,7 @@ from tests.distributed.multinode import (  # noqa: E402
     local_cluster,
     node_loss_drill,
     ok_passages,
+    query_rows,
 )
 from tests.helpers import QUERIES  # noqa: E402
 from tests.llm.test_faults import FaultServer, backend, corpus  # noqa: E402
@@ -52,13 +53,6 @@ from tests.llm.test_faults import FaultServer, backend, corpus  # noqa: E402
 WORKERS, CPUS = 2, 3  # worker nodes and their CPUs: room on one for everything (2.5 CPUs)
 QUERY_ROWS, PART_SIZE = 1600, 40
 PASSAGES, SHARD_SIZE = 64, 8
-
-
-def query_rows(n: int) -> list[dict[str, Any]]:
-    words = ["lighthouse", "Alzheimer", "tidal clock", "museum", "river", "college", "Skerrow"]
-    return [{"id": i if i % 3 else f"q{i}",
-             "query": f"{QUERIES[i % len(QUERIES)]} {words[i % len(words)]} {i % 101}"}
-            for i in range(n)]
 
 
 def serve_body(client: int) -> dict[str, Any]:
@@ -98,7 +92,7 @@ def drill(hash_index: Path,
             done = node_loss_drill(cluster, hash_index, work / "q.jsonl", work / "corpus.json",
                                    [f"openai:fake@{s.url}" for s in llms], work,
                                    body_of=serve_body, part_size=PART_SIZE,
-                                   shard_size=SHARD_SIZE)
+                                   shard_size=SHARD_SIZE, timeout_s=180)
         yield done, work, llms
     finally:
         for s in llms:
@@ -107,9 +101,12 @@ def drill(hash_index: Path,
 
 def test_the_lost_node_ran_a_part_of_each_job(drill):
     d, _, _ = drill
+    print(f"drill: {d.marks} (s), actor restarts {d.restarts}")
     assert d.lost[ACTOR] == 1 and d.lost[REPLICA] == 1 and d.lost[SHARD] >= 1
     assert 3 <= d.parts_at_kill < -(-QUERY_ROWS // PART_SIZE)  # mid-job
     assert 1 <= d.passages_at_kill < PASSAGES
+    if d.restarts is not None:  # the lost node's retrieve actor was restarted elsewhere
+        assert d.restarts.get(ACTOR.removeprefix("ray::"), 0) >= 1, d.restarts
 
 
 def test_retrieve_survives_a_lost_node(drill, hash_searcher):
