@@ -212,8 +212,8 @@ class Drill:
     retrieve: Job
     extract: Job
     load: Load
-    killed_at: float
-    replaced_at: float
+    killed_at: float  # time.monotonic() when the kill began
+    replaced_at: float  # ... when Serve ran a new replica in the place of the lost one
     parts_at_kill: int  # retrieve's committed parts when the node died
     passages_at_kill: int  # extract's passages in the driver's cache when the node died
     lost: dict[str, int]  # processes of each kind on the lost node
@@ -338,8 +338,8 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
             lost = {k: sum(k in t for t in running) for k in (ACTOR, SHARD, REPLICA)}
             parts_at_kill = len(list(parts.glob("part-*.parquet")))
             passages_at_kill = ok_passages(cache)
-            kill_node(cluster, victim[0])
             killed_at = time.monotonic()
+            kill_node(cluster, victim[0])
             marks["killed"] = killed_at - t0
 
             def replaced() -> bool:
