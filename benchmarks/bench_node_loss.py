@@ -156,11 +156,13 @@ def main(args: argparse.Namespace) -> None:
 
     # serve: the gap and what failed in it
     log = d.load.log
-    in_gap = [r for r in log if d.killed_at <= r[0] < d.replaced_at]
-    outside = [r for r in log if not d.killed_at <= r[0] < d.replaced_at]
+    back = d.replaced_at if d.replaced_at is not None else float("inf")
+    in_gap = [r for r in log if d.killed_at <= r[0] < back]
+    outside = [r for r in log if not d.killed_at <= r[0] < back]
     serve_fig = {
         "replicas": args.replicas, "clients": args.clients, "requests": len(log),
-        "gap_s": round(d.replaced_at - d.killed_at, 1), "requests_in_gap": len(in_gap),
+        "gap_s": round(back - d.killed_at, 1) if d.replaced_at is not None else None,
+        "requests_in_gap": len(in_gap),
         "failed_in_gap": sum(r[3] != 200 for r in in_gap),
         "failed": sum(r[3] != 200 for r in log),
         "failures": dict(Counter(str(r[3]) for r in log if r[3] != 200)),

@@ -152,6 +152,7 @@ def test_serve_answers_through_a_lost_replica_node(drill, hash_searcher):
     from tests.serve.helpers import offline_hits
 
     d, _, _ = drill
+    assert d.replaced_at is not None, "Serve did not replace the lost replica in 180 s"
     load = d.load
     failed = load.failed()
     gap = load.sent(d.killed_at, d.replaced_at)
