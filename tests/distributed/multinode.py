@@ -185,24 +185,45 @@ SHARD = "ray::_run_shard"  # an `extract --ray` shard task
 REPLICA = "ray::ServeReplica:hippo-gpu:HippoReplica"  # a `serve --ray` replica
 
 
-@dataclass
 class Job:
-    """A CLI subprocess: its command, exit status, output (stdout and stderr) and run time."""
+    """A CLI subprocess, its output (stdout and stderr) going to `log`, a file (a pipe nobody
+    reads while the drill waits would fill and stall the command); a thread notes when it
+    ends."""
 
-    proc: subprocess.Popen
-    started: float
-    rc: int | None = None
-    output: str = ""
-    seconds: float = 0.0
+    def __init__(self, args: list[str], log: Path) -> None:
+        env = {**os.environ,
+               "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.started, self.ended = time.monotonic(), float("nan")
+        self.rc: int | None = None
+        self.output = ""
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+
+    @property
+    def seconds(self) -> float:
+        """From the start to the end of the command (nan while it runs)."""
+        return self.ended - self.started
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
 
     def finish(self, timeout_s: float) -> None:
+        """Wait for the end (kill it after `timeout_s`); read its exit status and output."""
         try:
-            out, _ = self.proc.communicate(timeout=timeout_s)
+            self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, _ = self.proc.communicate()
-        self.rc, self.output = self.proc.returncode, out.decode(errors="replace")
-        self.seconds = time.monotonic() - self.started
+            self.proc.wait()
+        self._waiter.join(10)
+        self.rc, self.output = self.proc.returncode, self.tail(1 << 20)
 
 
 @dataclass
@@ -221,13 +242,6 @@ class Drill:
     replicas_after: set[str]
     marks: dict[str, float]  # seconds from the drill's start: deployed, killed, replaced, ...
     restarts: dict[str, int] | None  # actor restarts by class (None: not readable)
-
-
-def _cli(*args: str) -> Job:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return Job(proc, time.monotonic())
 
 
 def query_rows(n: int) -> list[dict[str, Any]]:
@@ -293,15 +307,13 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    server = _cli("serve", "--index", str(index), "--ray", address, "--replicas",
+    server = Job(["serve", "--index", str(index), "--ray", address, "--replicas",
                   str(replicas), "--cpus-per-replica", "0.5", "--threads", str(threads),
-                  "--port", str(port),
-                  "--device", "cpu")
+                  "--port", str(port), "--device", "cpu"], work / "serve.log")
     retrieve = extract = None
     try:
         def deployed() -> bool:
-            assert server.proc.poll() is None, server.proc.stdout.read().decode()[-3000:] \
-                if server.proc.stdout else ""
+            assert server.proc.poll() is None, server.tail()
             app = serve.status().applications.get("hippo-gpu")
             return app is not None and app.status == "RUNNING"
 
@@ -311,22 +323,22 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
         out, cache = work / "ray.jsonl", work / "openie.json.cache.sqlite"
         parts = work / "ray.jsonl.parts"
         with Load(f"http://127.0.0.1:{port}", clients, body_of) as load:
-            retrieve = _cli("retrieve", "--index", str(index), "--queries", str(queries),
+            retrieve = Job(["retrieve", "--index", str(index), "--queries", str(queries),
                             "--out", str(out), "--top-k", "5", "--batch-size", "32",
                             "--part-size", str(part_size), "--device", "cpu", "--threads",
-                            str(threads),
-                            "--ray", address, "--workers", "2", "--cpus-per-worker", "0.5")
-            extract = _cli("extract", "--corpus", str(corpus), "--out",
+                            str(threads), "--ray", address, "--workers", "2",
+                            "--cpus-per-worker", "0.5"], work / "retrieve.log")
+            extract = Job(["extract", "--corpus", str(corpus), "--out",
                            str(work / "openie.json"), "--cache", str(cache), "--llm",
                            ",".join(endpoints), "--ray", address, "--shard-size",
                            str(shard_size), "--wave-size", "4", "--workers", "2",
-                           "--concurrency", "2")
+                           "--concurrency", "2"], work / "extract.log")
             victim: list[Any] = []
 
             def all_three_busy() -> bool:
                 for job in (retrieve, extract):
                     assert job.proc.poll() is None, "a job ended before the node was lost:\n" \
-                        + (job.proc.stdout.read().decode()[-3000:] if job.proc.stdout else "")
+                        + job.tail()
                 if len(list(parts.glob("part-*.parquet"))) < 3 or ok_passages(cache) < 1:
                     return False
                 node = node_running(cluster, ACTOR, SHARD, REPLICA)
@@ -357,7 +369,7 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
                 pass
             for name, job in (("retrieve", retrieve), ("extract", extract)):
                 job.finish(timeout_s)
-                marks[f"{name} done"] = job.started + job.seconds - t0
+                marks[f"{name} done"] = job.ended - t0
             time.sleep(1.0)  # traffic after the replacement
         return Drill(retrieve, extract, load, killed_at, replaced_at, parts_at_kill,
                      passages_at_kill, lost, before, serve_replicas(), marks, actor_restarts())
