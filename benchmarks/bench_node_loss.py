@@ -94,6 +94,7 @@ def main(args: argparse.Namespace) -> None:
     from tests.helpers import QUERIES
 
     git = check_clean_or_exit(args.allow_dirty)
+    loadavg_start = [round(x, 2) for x in os.getloadavg()]  # the line's loadavg: at the end
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_node_loss_"))
     files = paths()
     index = work / "index"
@@ -163,7 +164,9 @@ def main(args: argparse.Namespace) -> None:
         "replicas": args.replicas, "clients": args.clients, "requests": len(log),
         "gap_s": round(back - d.killed_at, 1) if d.replaced_at is not None else None,
         "requests_in_gap": len(in_gap),
-        "failed_in_gap": sum(r[3] != 200 for r in in_gap),
+        # in the gap: answered (or failed) after the kill began, sent before the replacement;
+        # a request in flight at the kill counts (it is the one a lost replica fails)
+        "failed_in_gap": sum(r[3] != 200 and r[1] >= d.killed_at and r[0] < back for r in log),
         "failed": sum(r[3] != 200 for r in log),
         "failures": dict(Counter(str(r[3]) for r in log if r[3] != 200)),
         "latency_outside_gap": _ms([r[1] - r[0] for r in outside if r[3] == 200]),
@@ -180,7 +183,7 @@ def main(args: argparse.Namespace) -> None:
         "lost_node_ran": {ACTOR: d.lost[ACTOR], SHARD: d.lost[SHARD], REPLICA: d.lost[REPLICA]},
         "marks_s": {k: round(v, 1) for k, v in d.marks.items()},
         "retrieve": retrieve, "extract": extract, "serve": serve_fig,
-        "cpu_shared": True, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "cpu_shared": True, "loadavg_start": loadavg_start,
     }
     print(f"retrieve --ray: {retrieve}")
     print(f"extract --ray: {extract}")
