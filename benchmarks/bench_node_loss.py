@@ -13,7 +13,8 @@ raylet, object store and agents). Prints and appends to benchmarks/results/bench
 
 * retrieve: ids in, ids out, duplicates, lost, rows whose keys differ from the local command's
   (hippo_gpu.batch.retrieve_file), wall time, actor restarts;
-* extract: passages, documents out, duplicates, lost, passages asked of the LLM again, wall;
+* extract: passages, documents out, duplicates, lost, passages asked of the LLM again (their
+  triples; their NER apart), wall;
 * serve: requests, the gap (node killed -> replacement replica running) in seconds, requests
   sent in the gap, failed requests (in the gap and in all), latency p50/p99 outside and inside
   the gap.
@@ -144,14 +145,15 @@ def main(args: argparse.Namespace) -> None:
     openie = work / "openie.json"
     out_docs = json.loads(openie.read_text())["docs"] if openie.exists() else []
     titles = Counter(doc["passage"].split("\n")[0] for doc in out_docs if "error" not in doc)
-    asked = Counter(t for s in llms for (t, stage), k in s.requests.items()
-                    if stage == "triples" for _ in range(k))
+    asked = {stage: Counter(t for s in llms for (t, st), k in s.requests.items()
+                            if st == stage for _ in range(k)) for stage in ("ner", "triples")}
     extract = {
         "rc": d.extract.rc, "passages": len(docs), "docs_out": len(out_docs),
         "failed_docs": sum("error" in doc for doc in out_docs),
         "duplicates": sum(k - 1 for k in titles.values()),
         "lost": sum(1 for p in docs if p["title"] not in titles),
-        "asked_again": sum(k - 1 for k in asked.values()),
+        "asked_again": sum(k - 1 for k in asked["triples"].values()),  # triples requests
+        "ner_asked_again": sum(k - 1 for k in asked["ner"].values()),
         "passages_at_kill": d.passages_at_kill, "wall_s": round(d.extract.seconds, 1),
     }
 
