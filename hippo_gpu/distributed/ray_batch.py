@@ -30,6 +30,14 @@ command's): a part holds exactly the rows of its chunk and is named by the chunk
 rows are fixed by the saved plan, so no row can be in two parts and a part is complete or absent:
 - a killed actor (killed, OOM, os._exit): Ray restarts it (up to `max_restarts`) and resubmits its
   chunks (`max_task_retries`); a chunk committed twice renames the same rows over the same name.
+- a lost node (its raylet killed, the machine gone): its actors are restarted on the other nodes
+  once the cluster declares the node dead, which takes Ray's health checks about 15 s by
+  default; until then a call to such an actor fails at once as "temporarily unavailable" and is
+  retried, so a bounded retry count would be spent within seconds and fail the run. Chunks are
+  therefore retried without limit (`max_task_retries=-1`) while their actor can be restarted:
+  `max_restarts` still bounds a chunk that kills every actor it reaches. The pool needs room
+  on the remaining nodes for the restarted actors (workers x cpus_per_worker), else they wait
+  for a node to join (tests/distributed/test_ray_multinode.py).
 - a killed driver (or a lost cluster): the run stops; committed parts stay. Rerunning the same
   command finds ray-run.json with the same arguments and the same query file (size, mtime) and
   index version, removes the temporary files of unfinished parts and submits only the chunks
@@ -331,7 +339,7 @@ def retrieve_ray(
     part_size: int = 4096,
     skip_bad: bool = False,
     max_restarts: int = 3,
-    max_task_retries: int = 3,
+    max_task_retries: int = -1,
     show_progress: bool = False,
     actor_cls: type[IndexActor] = IndexActor,
 ) -> BatchReport:
@@ -350,7 +358,9 @@ def retrieve_ray(
         cpus_per_worker, gpus_per_worker: Ray resources of one actor (a GPU actor loads the
             index onto the GPU Ray gives it when the spec's device is "auto" or "cuda").
         part_size: rows per chunk, the unit of work and of commit (about, for JSON Lines).
-        max_restarts, max_task_retries: Ray's retries of a dead actor and of its chunks.
+        max_restarts, max_task_retries: Ray's restarts of a dead actor, and retries of a
+            chunk whose actor failed (-1: while the actor can be restarted; see "a lost node"
+            in the module docstring for why a bound fails a run that loses a node).
         show_progress: a progress bar of answered queries on the driver.
         actor_cls: the replica class (a subclass can add instrumentation; tests inject faults).
 

@@ -24,7 +24,11 @@ one machine and on many (SQLite must not be shared over a network file system). 
    fails is in the output with its `error` and in the cache as failed, and a rerun retries it.
 
 A task whose worker dies is rerun by Ray (`max_task_retries`); its private cache dies with it,
-so at most the shard's in-flight work is redone, like a wave of the local command.
+so at most the shard's in-flight work is redone, like a wave of the local command. A lost node
+is the same for each shard that was running there: the task fails once the cluster declares the
+node dead (about 15 s with Ray's default health checks), is rerun on another node, and only its
+passages are asked of the LLM again; the output still holds each passage once
+(tests/distributed/test_ray_multinode.py).
 Only `openai:` specs are accepted, all naming the same model (the model is part of every cache
 key); an engine in each task (vllm:, local:) is not supported here.
 """

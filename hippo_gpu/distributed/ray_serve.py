@@ -31,6 +31,14 @@ IRCoT ("ircot" in a retrieve request): with a `ReasonerSpec` each replica opens 
 source (its own LLM client), without a thought cache unless the spec names one: one SQLite file
 shared by replicas on several machines over network storage is not safe.
 
+A lost node. Serve's controller replaces a replica whose node died, once the cluster declares
+the node dead (about 15 s with Ray's default health checks) and the new replica has loaded the
+index; the proxy stops routing to the dead replica as soon as it learns of its death, so with
+two replicas or more the others answer meanwhile. A request that was in flight on the lost
+replica gets a 500 from Serve's proxy (retrieval is read-only: a client may simply retry). The
+replacement needs room on the remaining nodes (cpus_per_replica). Measured by
+benchmarks/bench_node_loss.py, checked by tests/distributed/test_ray_multinode.py.
+
 The bearer token travels to the replicas inside the deployment's (pickled) constructor
 arguments, never through environment variables, which Ray shows in its dashboard.
 """
