@@ -49,6 +49,14 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def ray_failure(e: BaseException) -> str:
+    """A failed Ray job's message for the user: the error's first line (Ray appends the remote
+    traceback), and that a rerun resumes."""
+    first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return (f"the Ray job failed: {type(e).__name__}: {first[:300]}; what was committed is kept, "
+            "run the same command again to finish")
+
+
 class CommandGroup(TyperGroup):
     """The app's command group: a HippoGpuError out of any command is the user's to fix and
     says how, so it ends the command as `fail` does (its message, exit status 2), not as a

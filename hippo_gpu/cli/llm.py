@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
-from hippo_gpu.cli.common import console, fail
+from hippo_gpu.cli.common import console, fail, ray_failure
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -85,6 +85,10 @@ def extract(
                                     wave_size=wave_size, backend_options=options)
     except (ValueError, OSError, ImportError) as e:
         fail(str(e))
+    except Exception as e:
+        if ray is None or type(e).__module__.split(".")[0] != "ray":
+            raise
+        fail(ray_failure(e))  # a Ray error, e.g. a shard's retries spent
     finally:
         if started:
             import ray as ray_module

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from hippo_gpu.cli.common import LLM_HELP, QUERY_ENCODER_HELP, console, fail, setup
+from hippo_gpu.cli.common import (
+    LLM_HELP,
+    QUERY_ENCODER_HELP,
+    console,
+    fail,
+    ray_failure,
+    setup,
+)
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -134,6 +141,8 @@ def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *,
                               part_size=part_size, skip_bad=skip_bad, show_progress=True)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
+    except ray.exceptions.RayError as e:  # e.g. every restart of an actor spent
+        fail(ray_failure(e))
     finally:
         if started:
             ray.shutdown()

@@ -81,3 +81,18 @@ def test_demo_summarises_every_mode_honestly():
                        "a tie" if got == dense else f"{got - dense} more than dense")
             assert (f"{mode} finds {got}/11, dense {dense}/11 in the top {k}: {verdict}"
                     in res.output), res.output
+
+
+def test_a_failed_ray_job_is_one_line_saying_a_rerun_resumes():
+    """What `retrieve --ray` / `extract --ray` print when Ray gives up (its message carries the
+    remote traceback): the error's first line only, and how to go on."""
+    from hippo_gpu.cli.common import ray_failure
+
+    class ActorUnavailableError(Exception):
+        pass
+
+    msg = ray_failure(ActorUnavailableError("\nThe actor 4b0e is unavailable: RpcError\n"
+                                            "Traceback (most recent call last):\n  File x"))
+    assert msg.startswith("the Ray job failed: ActorUnavailableError: The actor 4b0e is "
+                          "unavailable: RpcError;")
+    assert "Traceback" not in msg and "run the same command again" in msg
