@@ -4,7 +4,8 @@ Endpoints (operationId in brackets):
     POST /v1/retrieve [retrieve]  {"queries": [str, ...], "entities": [[str, ...] per query],
                                    "top_k": int, "mode": str, "return_seeds": bool}
         -> {"results": [[{"key", "title", "text", "score", "rank"}, ...] per query],
-            "seeds": [[[subject, predicate, object], ...] per query] | null}
+            "seeds": [[[subject, predicate, object], ...] per query] | null,
+            "version": the index version that answered the whole request | null}
         An optional "index" names the served index to ask (default: the first), an optional
         "ircot": {"max_steps": S} runs IRCoT (serve/ircot.py; needs `create_app(reasoner=)`)
         and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
@@ -103,6 +104,7 @@ from hippo_gpu.serve.schema import (
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
+    Answer,
     RetrievalService,
     ServedIndex,
     check_index_name,
@@ -342,6 +344,7 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
             raise HTTPException(500, f"retrieval failed: {errors[0]}")
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
+        body["version"] = answered_version(answers)
         if traces is not None:
             body["ircot"] = traces
         if any(e is not None for e in errors):
@@ -360,6 +363,14 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         responses={**auth.responses, **retrieve_responses(config.max_body_bytes)},
         dependencies=auth.dependencies,
     )(retrieve)
+
+
+def answered_version(answers: list[Answer]) -> int | None:
+    """The index version that answered every one of `answers` (one batch, pinned to one
+    version, answers a request); None when they name none (an index never saved, an IRCoT
+    request whose steps a write may have split) or several."""
+    versions = {a.version for a in answers}
+    return versions.pop() if len(versions) == 1 else None
 
 
 def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
