@@ -10,7 +10,8 @@ with a fresh build of the final corpus, and prints and appends to
 benchmarks/results/bench_soak.jsonl: requests, errors by status, writes, query latency p50/p99,
 versions seen, the violations of each guarantee (tests/serve/test_soak.py asserts them at a
 small size: all must be 0), the server's RSS (start, peak, end after the compaction) and the
-versions collected (directories removed) by the end.
+versions collected (directories removed) by the end. Exits 1 (after writing the line) when a
+guarantee broke.
 
     python -m benchmarks.bench_soak --threads 1 [--passages 10000] [--requests 4000]
 """
@@ -116,6 +117,13 @@ def main(args: argparse.Namespace) -> None:
     print(record)
     append_result_or_exit(Path(args.results or RESULTS / "bench_soak.jsonl"), record,
                           allow_dirty=args.allow_dirty)
+    broken = [name for name, bad in (
+        ("5xx", record["server_errors"]), ("one version", record["violations"]["version"]),
+        ("visibility", record["violations"]["visibility"]),
+        ("final equals a fresh build", not record["final_equals_fresh_build"]),
+        ("old versions collected", len(remaining) != 1)) if bad]
+    if broken:
+        raise SystemExit(f"FAILED guarantees: {', '.join(broken)}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ test asserts one guarantee on its log: no 5xx; each response answered from one v
 it names; every committed write visible to the next request; the final index equal to a fresh
 build of the final corpus (and its served rankings equal to that build's); RSS growth bounded;
 old versions collected once no reader holds them. benchmarks/bench_soak.py runs the same soak at
-a larger size (32 clients, minutes) and prints the figures; the slow variant here asserts on it.
+a larger size (32 clients, minutes), prints the figures and exits non-zero when a guarantee broke
+(this project's CI runs every test, `slow` ones included, so the long run lives there).
 """
 
 from __future__ import annotations
@@ -176,16 +177,3 @@ def test_old_versions_are_collected_once_no_reader_holds_them(run: Run) -> None:
     assert run.leftovers_end == []
     assert not (run.index_dir / run.held).exists()
 
-
-@pytest.mark.slow
-def test_a_longer_soak_holds_every_guarantee(tmp_path: Path) -> None:
-    """32 clients, 3,000+ requests, 90 writes on a 300-passage index (minutes on 2 cores)."""
-    run = run_soak(tmp_path, base=300, pool=70, writes=90, clients=32, requests=3_000,
-                   top_k=TOP_K)
-    assert all(w.status == 200 for w in run.log.writes) and len(run.log.writes) == 90
-    assert S.server_errors(run.log) == {}
-    assert S.version_violations(run.log, exhaustive=True) == []
-    assert S.visibility_violations(run.log) == []
-    assert run.rss_end - run.rss_warm < RSS_GROWTH_MB
-    assert run.held_survived and run.leftovers_held == [run.held] and run.leftovers_end == []
-    test_the_final_index_equals_a_fresh_build_of_the_final_corpus(run)
