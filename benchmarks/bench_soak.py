@@ -9,9 +9,10 @@ Then it waits for the server's background compaction, compares the directory's f
 with a fresh build of the final corpus, and prints and appends to
 benchmarks/results/bench_soak.jsonl: requests, errors by status, writes, query latency p50/p99,
 versions seen, the violations of each guarantee (tests/serve/test_soak.py asserts them at a
-small size: all must be 0), the server's RSS (start, peak, end after the compaction) and the
-versions collected (directories removed) by the end. Exits 1 (after writing the line) when a
-guarantee broke.
+small size: all must be 0), the server's RSS (start, peak, end after the compaction), the
+versions it still holds in memory at the end (its hippo_index_versions_in_memory gauge: 1) and
+the versions collected (directories removed) by the end. Exits 1 (after writing the line) when
+a guarantee broke.
 
     python -m benchmarks.bench_soak --threads 1 [--passages 10000] [--requests 4000]
 """
@@ -83,6 +84,7 @@ def main(args: argparse.Namespace) -> None:
         compaction_wait_s = time.monotonic() - t
         time.sleep(3)  # the server removes the old versions just after the switch
         rss_end = server.rss_mb()
+        in_memory = S.versions_in_memory(server)
         tail = server.tail(2000)
     got = load_index(index_dir, device="cpu")
     want = build_index([{"title": r["title"], "text": r["text"]} for r in final.rows.values()],
@@ -106,7 +108,7 @@ def main(args: argparse.Namespace) -> None:
                                S.visibility_violations(log))[:3],
         "final_equals_fresh_build": same and is_index_dir(index_dir),
         "compaction_wait_s": round(compaction_wait_s, 1),
-        "rss_mb": S.rss_summary(log, rss_end),
+        "rss_mb": S.rss_summary(log, rss_end), "versions_in_memory_end": in_memory,
         "versions_created": final_version - start_version + 1,
         "versions_collected": final_version - start_version + 1 - len(remaining),
         "versions_left": remaining, "loadavg": os.getloadavg(),
@@ -121,7 +123,8 @@ def main(args: argparse.Namespace) -> None:
         ("5xx", record["server_errors"]), ("one version", record["violations"]["version"]),
         ("visibility", record["violations"]["visibility"]),
         ("final equals a fresh build", not record["final_equals_fresh_build"]),
-        ("old versions collected", len(remaining) != 1)) if bad]
+        ("old versions collected", len(remaining) != 1),
+        ("one version in memory", in_memory != 1)) if bad]
     if broken:
         raise SystemExit(f"FAILED guarantees: {', '.join(broken)}")
 

@@ -41,8 +41,8 @@ from typing import Any
 from benchmarks.common import subprocess_env
 
 __all__ = ["Corpus", "QueryRecord", "SoakLog", "WritableServer", "WriteOp", "WriteRecord",
-           "server_errors", "soak", "version_violations", "visibility_violations",
-           "write_plan", "rss_mb"]
+           "server_errors", "soak", "version_violations", "versions_in_memory",
+           "visibility_violations", "write_plan", "rss_mb"]
 
 
 def rss_mb(pid: int) -> float:
@@ -307,6 +307,17 @@ async def final_queries(server: WritableServer, queries: list[str], *, top_k: in
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0) as client:
         return [await _retrieve(client, server.auth, q, m, top_k, keep_hits=True)
                 for q in queries for m in modes]
+
+
+def versions_in_memory(server: WritableServer) -> int:
+    """The server's hippo_index_versions_in_memory gauge (its default index)."""
+    import httpx
+
+    text = httpx.get(server.url + "/metrics", headers=server.auth, timeout=60).text
+    for line in text.splitlines():
+        if line.startswith("hippo_index_versions_in_memory{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise ValueError("/metrics has no hippo_index_versions_in_memory")
 
 
 def wait_for_compaction(index_dir: Path, after_version: int, timeout_s: float = 120.0) -> int:

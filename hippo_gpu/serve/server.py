@@ -432,7 +432,8 @@ def _gauges(served: ServedIndex) -> IndexGauges:
     info = served.describe()
     return IndexGauges(queue_depth=stats.queue_depth, in_flight=stats.in_flight,
                        version=info["version"], passages=info["passages"],
-                       memory_bytes=info["memory_bytes"])
+                       memory_bytes=info["memory_bytes"],
+                       versions_in_memory=served.holder.versions_in_memory)
 
 
 def _encoder_counters(served: ServedIndex) -> EncoderCounters | None:

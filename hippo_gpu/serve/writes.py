@@ -26,6 +26,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ class SearcherHolder:
                  llm_cache: str | Path | None = None,
                  compact_quiet: float | None = COMPACT_QUIET_SECONDS) -> None:
         self._searcher = searcher
+        # every version served here, weakly: how many this process still holds (a leak test)
+        self._served: list[weakref.ref[Index]] = [weakref.ref(searcher.index)]
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.device = device
         self.llm = llm  # OpenIE for passages posted without triples
@@ -83,6 +86,12 @@ class SearcherHolder:
     @property
     def current(self) -> Searcher:
         return self._searcher
+
+    @property
+    def versions_in_memory(self) -> int:
+        """Versions served here that something in this process still holds: 1 (the current
+        one) plus those batches in flight read; an old version that stays is a leak."""
+        return sum(r() is not None for r in self._served)
 
     def write(self, apply: Any) -> dict[str, Any]:
         """Run `apply(writer)` in one IndexWriter session, commit, and switch readers to the
@@ -109,6 +118,8 @@ class SearcherHolder:
         old = self._searcher
         old.encoder  # noqa: B018 - load it now, so every later version shares this one
         self._searcher = old.over(index.to(old.device, old.index.precision))
+        self._served = [r for r in self._served if r() is not None]
+        self._served.append(weakref.ref(self._searcher.index))
         del old
         release_freed_memory()
 
