@@ -1,10 +1,11 @@
 """The soak of a writable server: 32 clients query while a writer inserts and deletes over HTTP.
 
-Builds a synthetic index (hash:64, `--passages`), starts `hippo-gpu serve --writable` on it (a
-subprocess on loopback, token set) and runs benchmarks/soak.py's soak: `--clients` clients send
-one-query retrieve requests (hipporag2 and dense in turn, top_k 10; at least `--requests`, and
-until the last write is done) while a writer sends `--writes` single-passage writes spread over
-the requests (every third a delete), each followed by a probe query for the passage it wrote.
+Builds a synthetic index (hash:64, `--passages`, exact synonym kNN), starts `hippo-gpu serve
+--writable` on it (a subprocess on loopback, token set) and runs benchmarks/soak.py's soak:
+`--clients` clients send one-query retrieve requests (hipporag2 and dense in turn, top_k 10; at
+least `--requests`, and until the last write is done) while a writer sends `--writes`
+single-passage writes spread over the requests (every third a delete), each followed by a probe
+query for the passage it wrote.
 Then it waits for the server's background compaction, compares the directory's final version
 with a fresh build of the final corpus, and prints and appends to
 benchmarks/results/bench_soak.jsonl: requests, errors by status, writes, query latency p50/p99,
@@ -46,6 +47,10 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=4_000, help="at least this many queries")
     ap.add_argument("--writes", type=int, default=120)
     ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--knn-backend", default="faiss-flat",
+                    help="synonym kNN of the index (default exact: from 50k phrases 'auto' is "
+                         "the approximate ivf-join, and two approximate builds differ by the "
+                         "join's recall, so the final index would not equal a fresh build)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--results", default=None)
     add_arguments(ap)
@@ -55,6 +60,7 @@ def _parse() -> argparse.Namespace:
 def main(args: argparse.Namespace) -> None:
     from benchmarks import soak as S
     from hippo_gpu import build_index, load_index
+    from hippo_gpu.config import GraphConfig
     from hippo_gpu.store import is_index_dir, read_manifest
     from hippo_gpu.synthetic import synthetic_corpus
 
@@ -65,8 +71,9 @@ def main(args: argparse.Namespace) -> None:
     passages, docs = corpus.passages(), corpus.docs()
     files = corpus.write(work / "data")
     index_dir = work / "index"
+    graph = GraphConfig(knn_backend=args.knn_backend)
     build_index(passages[:args.passages], files["openie"], index_dir, encoder="hash:64",
-                device="cpu")
+                device="cpu", graph=graph)
     rows = [{"key": p.key, "title": p.title, "text": p.text,
              "triples": [list(t) for t in d.triples]} for p, d in zip(passages, docs)]
     ops, final = S.write_plan(rows[:args.passages], rows[args.passages:], args.writes, seed=1)
@@ -88,7 +95,7 @@ def main(args: argparse.Namespace) -> None:
         tail = server.tail(2000)
     got = load_index(index_dir, device="cpu")
     want = build_index([{"title": r["title"], "text": r["text"]} for r in final.rows.values()],
-                       files["openie"], None, encoder="hash:64", device="cpu")
+                       files["openie"], None, encoder="hash:64", device="cpu", graph=graph)
     same = got.passage_keys == want.passage_keys and \
         {k: v for k, v in got.stats().items() if not k.startswith("basis_")} == \
         {k: v for k, v in want.stats().items() if not k.startswith("basis_")}
@@ -97,7 +104,8 @@ def main(args: argparse.Namespace) -> None:
     record = {
         **provenance("bench_soak", threads=args.threads, device="cpu",
                      batch_sizes={"queries_per_request": 1, "clients": args.clients}, git=git),
-        "passages": args.passages, "clients": args.clients, "requests": len(log.queries),
+        "passages": args.passages, "knn_backend": args.knn_backend, "clients": args.clients,
+        "requests": len(log.queries),
         "wall_s": round(log.wall_s, 1), "statuses": S.statuses(log),
         "server_errors": dict(S.server_errors(log)), "writes": len(log.writes),
         "query_ms": S.latency_ms(log),

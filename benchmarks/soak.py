@@ -244,7 +244,10 @@ async def soak(server: WritableServer, ops: list[WriteOp], start: Corpus, querie
     start version is read from the server (/v1/indexes) before any write."""
     import httpx
 
-    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
+    # idle connections expire before uvicorn's keep-alive timeout (5 s) closes them: a request
+    # sent on a connection the server is closing would fail in transport, not in the server
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=server.url, limits=limits,
                                  timeout=httpx.Timeout(300.0)) as client:
         r = await client.get("/v1/indexes", headers=server.auth)
