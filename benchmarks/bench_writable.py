@@ -28,7 +28,6 @@ from benchmarks.common import (
     init_threads,
     provenance,
     quantile,
-    subprocess_env,
 )
 
 
@@ -43,26 +42,17 @@ def _parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _ms(xs: list[float]) -> dict[str, float]:
     return {"p50_ms": round(quantile(xs, 0.5) * 1e3, 1) if xs else None,
             "p99_ms": round(quantile(xs, 0.99) * 1e3, 1) if xs else None, "n": len(xs)}
 
 
 def main(args: argparse.Namespace) -> None:
-    import subprocess
-    import sys
     import tempfile
 
     import httpx
 
-    from benchmarks.bench_server import free_port
+    from benchmarks.soak import WritableServer
     from hippo_gpu import build_index
     from hippo_gpu.synthetic import synthetic_corpus
 
@@ -74,25 +64,13 @@ def main(args: argparse.Namespace) -> None:
     index_dir = work / "index"
     build_index(passages[:args.passages], files["openie"], index_dir, encoder="hash:64",
                 device="cpu")
-    port, token = free_port(), "bench-writable-token"
-    env = {**subprocess_env(args.threads), "HIPPO_GPU_TOKEN": token}
-    log = (work / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "hippo_gpu.cli", "serve", "--index",
-                             str(index_dir), "--writable", "--host", "127.0.0.1", "--port",
-                             str(port), "--device", "cpu", "--threads", str(args.threads),
-                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    server = WritableServer(index_dir, work / "server.log", token="bench-writable-token",
+                            threads=args.threads)
+    url, auth = server.url, server.auth
     queries = [f"{p.title} {p.text[:60]}" for p in passages[:64]]
     try:
+        server.wait_ready(120)
         with httpx.Client(base_url=url, timeout=300) as c:
-            for _ in range(600):
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
             phase = ["before"]
             lat: dict[str, list[float]] = {"before": [], "during": [], "after": []}
             errors: list[str] = []
@@ -111,7 +89,7 @@ def main(args: argparse.Namespace) -> None:
                             errors.append(f"{r.status_code} {r.text[:200]}")
                         i += 1
 
-            rss = {"before": _rss_mb(proc.pid)}
+            rss = {"before": server.rss_mb()}
             thread = threading.Thread(target=reader)
             thread.start()
             time.sleep(5)
@@ -127,7 +105,7 @@ def main(args: argparse.Namespace) -> None:
                     errors.append(f"insert {r.status_code} {r.text[:200]}")
                 else:
                     versions.append(r.json()["version"])
-                peak = max(peak, _rss_mb(proc.pid))
+                peak = max(peak, server.rss_mb())
             rss["peak_during"] = peak
             phase[0] = "settling"
             lat["settling"] = []
@@ -136,11 +114,10 @@ def main(args: argparse.Namespace) -> None:
             time.sleep(5)
             stop.set()
             thread.join(300)
-            rss["after"] = _rss_mb(proc.pid)
+            rss["after"] = server.rss_mb()
             stats = c.get("/v1/stats", headers=auth).json()
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
     record = {
         **provenance("bench_writable", threads=args.threads, device="cpu",
                      batch_sizes={"queries_per_request": 1}, git=git),

@@ -202,6 +202,7 @@ def serve(
         holders[name] = SearcherHolder(
             searcher, path if writable else None, device=device, llm=llm,
             llm_cache=path.parent / f"{path.name}.llm-cache.sqlite")
+        del searcher  # the holder's alone: a write's switch drops it (this frame lives on)
     reasoner = None
     if llm is not None:  # IRCoT thoughts, cached beside the first index
         first = next(iter(indexes.values()))

@@ -16,7 +16,9 @@ them as batches:
 - each caller gets the slice of the batch output that belongs to its queries. If a batch with
   several requests raises, each request is re-run alone, so an error reaches only the request that
   caused it (this is sound because results are per query and do not depend on the batch);
-- `close()` refuses new requests and runs everything already queued before it returns.
+- `close()` refuses new requests and runs everything already queued before it returns;
+- `session()`, when given, is entered on the worker around each batch's calls (all its chunks),
+  so the batched function can pin what the batch reads (the server: one index version).
 
 The batched function is the only thing that runs on the worker; it never touches the event loop.
 """
@@ -24,12 +26,14 @@ The batched function is the only thing that runs on the worker; it never touches
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -120,6 +124,8 @@ class MicroBatcher(Generic[T, R]):
 
     `on_batch(queries, seconds)`, when given, is called on the event loop after every call of
     `run` that returned (seconds: its time on the worker), e.g. to feed a batch-size histogram.
+    `session()`, when given, returns a context manager entered on the worker around the calls of
+    `run` for one batch (every chunk of it), e.g. to answer the whole batch from one snapshot.
     """
 
     def __init__(
@@ -127,8 +133,10 @@ class MicroBatcher(Generic[T, R]):
         run: Callable[[list[T], Hashable], Sequence[R]],
         config: BatcherConfig,
         on_batch: Callable[[int, float], None] | None = None,
+        session: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self._run = run
+        self._session = session
         self.config = config
         # Called on the event loop after each batch that returned: (queries, seconds on the worker).
         self._on_batch = on_batch
@@ -356,14 +364,15 @@ class MicroBatcher(Generic[T, R]):
         """Worker thread: run `queries` in chunks of at most `max_batch`; check the output size."""
         step = self.config.max_batch
         out: list[R] = []
-        for i in range(0, len(queries), step):
-            chunk = queries[i : i + step]
-            res = list(self._run(chunk, key))
-            if len(res) != len(chunk):
-                raise BatchOutputError(
-                    f"batched call returned {len(res)} results for {len(chunk)} queries"
-                )
-            out.extend(res)
+        with self._session() if self._session is not None else contextlib.nullcontext():
+            for i in range(0, len(queries), step):
+                chunk = queries[i : i + step]
+                res = list(self._run(chunk, key))
+                if len(res) != len(chunk):
+                    raise BatchOutputError(
+                        f"batched call returned {len(res)} results for {len(chunk)} queries"
+                    )
+                out.extend(res)
         return out
 
     def _deliver(self, batch: list[_Request[T, R]], results: list[R], seconds: float) -> None:

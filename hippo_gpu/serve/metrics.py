@@ -26,6 +26,10 @@ Names (all prefixed `hippo_`; counters end in `_total` on the wire):
                                                           for an index that was never saved)
     hippo_index_passages{index}                           passages in the served version
     hippo_index_memory_bytes{index}                       bytes of its tensors on its device
+    hippo_index_versions_in_memory{index}                 versions this process still holds:
+                                                          the served one, plus those in-flight
+                                                          batches read (more after the writes
+                                                          stop: something keeps old versions)
     hippo_remote_encode_{calls,requests,texts,retries,failures}_total{index}
                                                           an index with a server encoder
                                                           ("openai:" model; absent for others
@@ -72,6 +76,7 @@ class IndexGauges:
     version: int | None
     passages: int
     memory_bytes: int
+    versions_in_memory: int = 1
 
 
 # (field of IndexGauges, metric name, help)
@@ -81,6 +86,8 @@ _INDEX_GAUGES = (
     ("version", "hippo_index_version", "Committed index version being served"),
     ("passages", "hippo_index_passages", "Passages in the served index version"),
     ("memory_bytes", "hippo_index_memory_bytes", "Bytes of the index's tensors on its device"),
+    ("versions_in_memory", "hippo_index_versions_in_memory",
+     "Index versions this process still holds (the served one and those in-flight batches read)"),
 )
 
 

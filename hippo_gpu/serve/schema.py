@@ -353,6 +353,12 @@ class RetrieveResponse(BaseModel):
         description="per query, the seed facts of its PPR (empty for dense answers and "
         "hipporag1); null unless return_seeds",
     )
+    version: int | None = Field(
+        default=None,
+        description="the index version that answered every query of this request (one batch "
+        "reads one version: a write committed meanwhile switches later requests only); a "
+        "request sent after a write's 200 names that write's version or a later one. Null for "
+        "an index never saved, and for an IRCoT request (a write may commit between its steps)")
     ircot: list[IRCoTTrace] | None = Field(
         default=None, description="per query, its IRCoT thoughts; null unless ircot")
     errors: list[str | None] | None = Field(

@@ -4,7 +4,8 @@ Endpoints (operationId in brackets):
     POST /v1/retrieve [retrieve]  {"queries": [str, ...], "entities": [[str, ...] per query],
                                    "top_k": int, "mode": str, "return_seeds": bool}
         -> {"results": [[{"key", "title", "text", "score", "rank"}, ...] per query],
-            "seeds": [[[subject, predicate, object], ...] per query] | null}
+            "seeds": [[[subject, predicate, object], ...] per query] | null,
+            "version": the index version that answered the whole request | null}
         An optional "index" names the served index to ask (default: the first), an optional
         "ircot": {"max_steps": S} runs IRCoT (serve/ircot.py; needs `create_app(reasoner=)`)
         and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
@@ -115,6 +116,7 @@ from hippo_gpu.serve.schema import (
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
+    Answer,
     RetrievalService,
     ServedIndex,
     check_index_name,
@@ -364,6 +366,7 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
             raise HTTPException(500, f"retrieval failed: {errors[0]}")
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
+        body["version"] = answered_version(answers)
         if traces is not None:
             body["ircot"] = traces
         if any(e is not None for e in errors):
@@ -382,6 +385,14 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         responses={**auth.responses, **retrieve_responses(config.max_body_bytes)},
         dependencies=auth.dependencies,
     )(retrieve)
+
+
+def answered_version(answers: list[Answer]) -> int | None:
+    """The index version that answered every one of `answers` (one batch, pinned to one
+    version, answers a request); None when they name none (an index never saved, an IRCoT
+    request whose steps a write may have split) or several."""
+    versions = {a.version for a in answers}
+    return versions.pop() if len(versions) == 1 else None
 
 
 def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
@@ -448,7 +459,8 @@ def _gauges(served: ServedIndex) -> IndexGauges:
     info = served.describe()
     return IndexGauges(queue_depth=stats.queue_depth, in_flight=stats.in_flight,
                        version=info["version"], passages=info["passages"],
-                       memory_bytes=info["memory_bytes"])
+                       memory_bytes=info["memory_bytes"],
+                       versions_in_memory=served.holder.versions_in_memory)
 
 
 def _encoder_counters(served: ServedIndex) -> EncoderCounters | None:

@@ -22,11 +22,12 @@ could reorder equal-score passages and break the promise that a served ranking e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import re
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -146,6 +147,7 @@ class Answer(NamedTuple):
     seeds: list[Any] | None
     error: str | None = None  # why this query has no answer (its PPR is uncertified)
     explanation: dict[str, Any] | None = None  # explain batches: hippo_gpu.explanation's JSON
+    version: int | None = None  # the index version that answered (None: never saved)
 
 
 class _SearcherAdapter:
@@ -154,17 +156,29 @@ class _SearcherAdapter:
     A query whose PPR could not be certified gets an `Answer` with `error` set and no hits; the
     rest of its batch is answered (hippo_gpu.results.Ranking.failed).
 
-    Each batch takes the holder's current searcher once, at its start, and uses only it: a
+    Each batch takes the holder's current searcher once, at its start (`pinned`, the
+    batcher's session: every chunk of a batch too large for one call), and uses only it: a
     write that commits meanwhile switches later batches, never this one (no mixed versions).
+    Each answer names that searcher's index version.
     """
 
     def __init__(self, holder: SearcherHolder) -> None:
         self._holder = holder
+        self._pinned: Searcher | None = None  # the batch's searcher (one worker thread)
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        self._pinned = self._holder.current
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def __call__(self, queries: list[Query], key: Hashable) -> list[Answer]:
         if not isinstance(key, BatchKey):
             raise TypeError(f"batch key must be a BatchKey, got {type(key).__name__}")
-        searcher = self._holder.current  # one version for the whole batch
+        searcher = self._pinned or self._holder.current  # one version for the whole batch
+        version = searcher.index.version
         passage_texts = searcher.index.passage_texts
         texts = [q.text for q in queries]
         entities: list[list[str]] | None = None
@@ -173,7 +187,7 @@ class _SearcherAdapter:
             if len(entities) != len(queries):
                 raise TypeError("a batch keyed with_entities holds a query without entities")
         if key.explain:
-            return _explain(searcher, texts, entities, key)
+            return [a._replace(version=version) for a in _explain(searcher, texts, entities, key)]
         failed: dict[int, str] = {}
         raw: list[list[Any]] | None = None
         try:
@@ -191,7 +205,8 @@ class _SearcherAdapter:
         if len(hits) != len(queries):
             raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
         return [
-            Answer([hit_dict(h, passage_texts) for h in per_query], s, failed.get(i))
+            Answer([hit_dict(h, passage_texts) for h in per_query], s, failed.get(i),
+                   version=version)
             for i, (per_query, s) in enumerate(zip(hits, seeds, strict=True))
         ]
 
@@ -275,8 +290,9 @@ class ServedIndex:
         self.name = check_index_name(name)
         self.holder = holder
         on_batch = None if metrics is None else metrics.observe_batch(name)
+        adapter = _SearcherAdapter(holder)
         self.batcher: MicroBatcher[Query, Answer] = MicroBatcher(
-            _SearcherAdapter(holder), config, on_batch=on_batch)
+            adapter, config, on_batch=on_batch, session=adapter.pinned)
 
     def describe(self) -> dict[str, Any]:
         """name, version (None: never saved), passages, memory_bytes, device, precision."""

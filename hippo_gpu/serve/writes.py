@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,7 +39,7 @@ from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
 from hippo_gpu.search import Searcher
 from hippo_gpu.serve.write_limits import WriteLimits
-from hippo_gpu.store import WriterLockedError, read_manifest
+from hippo_gpu.store import WriterLockedError, collect_garbage, read_manifest
 from hippo_gpu.versions import needs_compaction
 from hippo_gpu.writer import COMPACT_AFTER, IndexWriter
 
@@ -57,7 +60,10 @@ class SearcherHolder:
     versions); once no write came for `compact_quiet` seconds, a background thread compacts
     (a new base with its basis: hipporag2 by linearity again) and switches queries to it.
     Queries never wait for it; a write that arrives meanwhile waits for it to finish.
-    None: never compact here (`hippo-gpu compact` or a writer's policy does).
+    None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
+    compaction the old base and its segments are removed at once (store.collect_garbage; one
+    another process is reading stays until the next write), and each switch hands the memory
+    of the dropped version back to the OS (`release_freed_memory`).
     """
 
     def __init__(self, searcher: Searcher, index_dir: str | Path | None = None,
@@ -65,6 +71,8 @@ class SearcherHolder:
                  llm_cache: str | Path | None = None,
                  compact_quiet: float | None = COMPACT_QUIET_SECONDS) -> None:
         self._searcher = searcher
+        # every version served here, weakly: how many this process still holds (a leak test)
+        self._served: list[weakref.ref[Index]] = [weakref.ref(searcher.index)]
         self.index_dir = Path(index_dir) if index_dir is not None else None
         self.device = device
         self.llm = llm  # OpenIE for passages posted without triples
@@ -81,13 +89,18 @@ class SearcherHolder:
     def current(self) -> Searcher:
         return self._searcher
 
+    @property
+    def versions_in_memory(self) -> int:
+        """Versions served here that something in this process still holds: 1 (the current
+        one) plus those batches in flight read; an old version that stays is a leak."""
+        return sum(r() is not None for r in self._served)
+
     def write(self, apply: Any) -> dict[str, Any]:
         """Run `apply(writer)` in one IndexWriter session, commit, and switch readers to the
         new version. Serialised; raises what the writer raises (nothing changes then)."""
         if self.index_dir is None:
             raise RuntimeError("this server has no index directory to write")
         with self._write_lock:
-            old = self._searcher
             if self._writer is None:
                 self._writer = IndexWriter(self.index_dir, device=self.device,
                                            compact_after=None)
@@ -95,7 +108,7 @@ class SearcherHolder:
                 changed = apply(w)
                 if not w.pending:
                     return {"changed": False, "skipped_present": changed,
-                            "version": old.index.version}
+                            "version": self._searcher.index.version}
                 committed = w.commit()
                 report = w.last_change
             self._switch(committed)
@@ -107,6 +120,10 @@ class SearcherHolder:
         old = self._searcher
         old.encoder  # noqa: B018 - load it now, so every later version shares this one
         self._searcher = old.over(index.to(old.device, old.index.precision))
+        self._served = [r for r in self._served if r() is not None]
+        self._served.append(weakref.ref(self._searcher.index))
+        del old
+        release_freed_memory()
 
     def _schedule_compaction(self) -> None:
         if self.compact_quiet is None or (self._compactor and self._compactor.is_alive()):
@@ -135,8 +152,10 @@ class SearcherHolder:
             with self._write_lock:
                 with w:
                     current = w.finish_compaction(prepared)
-                if current.basis is not None:  # no write came meanwhile: serve the basis
-                    self._switch(current)
+                    if current.basis is not None:  # no write came meanwhile: serve the basis
+                        self._switch(current)
+                    # the old base and its segments: removed now, not at the next write
+                    w.garbage += collect_garbage(self.index_dir)
                 self.compactions += 1
         except Exception as e:  # noqa: BLE001 - a failed compaction loses nothing: logged
             self.compact_error = f"{type(e).__name__}: {e}"
@@ -150,6 +169,28 @@ class SearcherHolder:
         """Block until a scheduled background compaction has finished (tests, shutdown)."""
         if self._compactor is not None:
             self._compactor.join(timeout)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the heap memory freed by the versions a write dropped back to the OS.
+
+    A commit allocates the new version's arrays while the old one lives, then frees the old
+    one; glibc keeps such freed memory in its arenas, so without this a writable server's RSS
+    climbs over a write stream until it plateaus at several copies of the index, though no
+    object leaks (one version and one searcher stay alive; benchmarks/bench_soak.py reports
+    the RSS under load). A no-op where the C library has no malloc_trim.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]:

@@ -7,6 +7,7 @@ every call so the tests can see how requests were grouped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Hashable
@@ -337,3 +338,28 @@ def test_per_query_payload_travels_with_its_query():
     submitted = {item for r in reqs for item in r}
     assert all(item in submitted for call in calls for item in call)
     assert ("bad", ("X",)) in [item for call in calls if len(call) == 1 for item in call]
+
+
+def test_a_session_spans_every_chunk_of_a_batch():
+    """The session (the server pins one index version with it) is entered once per batch on
+    the worker, around all the chunks of an oversized request, and never overlaps another."""
+    rec = Recorder()
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def session():
+        events.append(f"enter {len(rec.calls)}")
+        yield
+        events.append(f"exit {len(rec.calls)}")
+
+    async def main():
+        async with MicroBatcher(rec, BatcherConfig(max_batch=2, max_wait_ms=1),
+                                session=session) as b:
+            big = await b.submit([f"q{i}" for i in range(5)], "k")
+            small = await b.submit(["x"], "k")
+        return big, small
+
+    big, small = run(main())
+    assert big == [f"k|q{i}" for i in range(5)] and small == ["k|x"]
+    assert rec.sizes == [2, 2, 1, 1]
+    assert events == ["enter 0", "exit 3", "enter 3", "exit 4"]

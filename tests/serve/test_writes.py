@@ -286,3 +286,41 @@ def test_a_full_disk_answers_507_and_changes_nothing(setup) -> None:
         r = c.post("/v1/passages", headers=AUTH, json={"passages": new})
         assert r.status_code == 200, r.text
     assert holder.current.index.passage_keys == full.passage_keys
+
+
+def test_an_oversized_request_is_answered_from_one_version(setup, monkeypatch) -> None:
+    """A request split into chunks (more queries than max_batch) is answered, every chunk, by
+    the version current when its batch started, and names it, though a write commits between
+    its chunks."""
+    import asyncio
+
+    from hippo_gpu.data import OpenIEDoc, Passage
+    from hippo_gpu.serve.batcher import BatcherConfig
+    from hippo_gpu.serve.service import RetrievalService
+
+    holder, new, _full, _ = setup
+    first = holder.current
+    before = first.index.version
+    real = first.retrieve
+    calls = []
+
+    def retrieve_then_write(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not calls:  # after the first chunk: a write commits and switches the holder
+            holder.write(lambda w: w.insert_docs([Passage(new[0]["title"], new[0]["text"])],
+                                                 [OpenIEDoc.from_raw([], new[0]["triples"])]))
+        calls.append(len(args[0]))
+        return out
+
+    monkeypatch.setattr(first, "retrieve", retrieve_then_write)
+    service = RetrievalService({"default": holder}, BatcherConfig(max_batch=2, max_wait_ms=1))
+
+    async def main():
+        async with service:
+            return await service.retrieve([f"query {i}" for i in range(5)], top_k=100,
+                                          mode="dense")
+
+    answers = asyncio.run(main())
+    assert [a.version for a in answers] == [before] * 5
+    assert calls == [2, 2, 1] and holder.current.index.version == before + 1
+    assert all({h["key"] for h in a.hits} == set(first.index.passage_keys) for a in answers)
