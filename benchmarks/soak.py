@@ -58,10 +58,13 @@ def rss_mb(pid: int) -> float:
 
 class WritableServer:
     """`python -m hippo_gpu.cli serve --index DIR --writable` on 127.0.0.1, a free port, with
-    the token in its environment and its log in `log_path`."""
+    the token in its environment and its log in `log_path`. The writer of a soak is its load,
+    so the server's write-rate limit (10 per second by default, 429 beyond) is set to
+    `writes_per_second` (default 1,000: effectively off)."""
 
     def __init__(self, index_dir: Path, log_path: Path, *, token: str, threads: int,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None,
+                 writes_per_second: float = 1_000.0) -> None:
         from benchmarks.bench_server import free_port
 
         self.port = free_port()
@@ -75,7 +78,8 @@ class WritableServer:
                 [sys.executable, "-m", "hippo_gpu.cli", "serve", "--index", str(index_dir),
                  "--writable", "--host", "127.0.0.1", "--port", str(self.port), "--device",
                  "cpu", "--threads", str(threads), "--log-level", "warning", "--no-ui",
-                 *(extra or [])], stdout=log, stderr=subprocess.STDOUT, env=env)
+                 "--writes-per-second", str(writes_per_second), *(extra or [])],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
         import httpx
