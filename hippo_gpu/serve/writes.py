@@ -57,7 +57,8 @@ class SearcherHolder:
     (float32) between writes, so the next write reads nothing from disk.
 
     A commit writes a segment and serves a version without the passage basis (hippo_gpu.
-    versions); once no write came for `compact_quiet` seconds, a background thread compacts
+    versions); once no write came for `compact_quiet` seconds (or at once when the chain is due
+    by the writer's policy, under a stream that never pauses), a background thread compacts
     (a new base with its basis: hipporag2 by linearity again) and switches queries to it.
     Queries never wait for it; a write that arrives meanwhile waits for it to finish.
     None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
@@ -133,11 +134,15 @@ class SearcherHolder:
         self._compactor.start()
 
     def _compact_when_quiet(self) -> None:
-        """Compact once writes pause: the basis solve and the base write run outside the write
-        lock (writes go on meanwhile), only the manifest switch takes it."""
+        """Compact once writes pause, or at once when the chain is due by the writer's policy
+        (COMPACT_AFTER segments, or segments over a quarter of the base: a stream that never
+        pauses must not grow the chain without end). The basis solve and the base write run
+        outside the write lock (writes go on meanwhile), only the manifest switch takes it."""
         assert self.compact_quiet is not None
         while (wait := self._last_write + self.compact_quiet - time.monotonic()) > 0:
-            time.sleep(wait)
+            if self._chain_due():
+                break
+            time.sleep(min(wait, 1.0))
         try:
             with self._write_lock:
                 w = self._writer
@@ -164,6 +169,13 @@ class SearcherHolder:
         if self._last_write > started:  # writes came during it: again once they pause
             self._compactor = None
             self._schedule_compaction()
+
+    def _chain_due(self) -> bool:
+        try:
+            return self.index_dir is not None and \
+                needs_compaction(read_manifest(self.index_dir), COMPACT_AFTER)
+        except (OSError, ValueError):  # a manifest being replaced: look again in a second
+            return False
 
     def wait_for_compaction(self, timeout: float | None = None) -> None:
         """Block until a scheduled background compaction has finished (tests, shutdown)."""

@@ -221,6 +221,25 @@ def test_a_quiet_server_compacts_in_the_background(setup) -> None:
     assert all(abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want))
 
 
+def test_a_chain_due_by_the_policy_compacts_without_a_pause(setup, monkeypatch) -> None:
+    """Under writes that never pause for `compact_quiet`, the holder still compacts once the
+    chain reaches the writer's policy (here 3 segments): the chain does not grow without end."""
+    import hippo_gpu.serve.writes as writes
+
+    holder, new, _, index_dir = setup
+    monkeypatch.setattr(writes, "COMPACT_AFTER", 3)
+    holder.compact_quiet = 600.0  # a pause that never comes within this test
+    with serving(create_app(holder, ServerConfig(token=TOKEN))) as url, \
+            httpx.Client(base_url=url, timeout=120) as c:
+        for p in new[:3]:
+            r = c.post("/v1/passages", headers=AUTH, json={"passages": [p]})
+            assert r.status_code == 200, r.text
+        holder.wait_for_compaction(120)
+    assert holder.compactions == 1 and holder.compact_error is None
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    assert manifest["segments"] == [] and holder.current.index.basis is not None
+
+
 def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
     """The background compaction solves the basis and writes its base without the write lock:
     a write made meanwhile commits at once, stays in the chain after the new base (nothing
