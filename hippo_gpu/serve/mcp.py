@@ -2,7 +2,8 @@
 
 Tools:
     retrieve(query, top_k=10, mode="hipporag2", index=None, entities=None)
-        -> {"index", "mode", "hits": [{"key", "title", "score", "rank", "text"}, ...]}
+        -> {"index", "version", "mode", "hits": [{"key", "title", "score", "rank", "text"},
+        ...]}
     explain(query, top_k=10, mode="hipporag2", index=None, entities=None)
         -> {"index", "explanation": {"query", "seeds", "facts", "hits", "phrases", ...}}: each
         hit's score split into one term per seed and one for the dense prior
@@ -74,6 +75,9 @@ class HitOut(BaseModel):
 
 class RetrieveOut(BaseModel):
     index: str = Field(description="the index that answered")
+    version: int | None = Field(default=None, description=(
+        "the index version that answered (null: never saved, or IRCoT, whose steps may "
+        "straddle a write)"))
     mode: str
     hits: list[HitOut] = Field(description="best first")
 
@@ -155,7 +159,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     ) -> RetrieveOut:
         """Rank the indexed passages for one question; best first."""
         name, answer, _ = await one_query(query, top_k, mode, index, entities)
-        return RetrieveOut(index=name, mode=mode, hits=[HitOut(**h) for h in answer.hits])
+        return RetrieveOut(index=name, version=answer.version, mode=mode,
+                           hits=[HitOut(**h) for h in answer.hits])
 
     async def explain(
         query: query_text,  # type: ignore[valid-type]

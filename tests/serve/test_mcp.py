@@ -66,6 +66,7 @@ async def _check_tools(client: Client, searcher: Any) -> None:
             assert not r.is_error, r.content
             assert r.structured_content is not None
             assert r.structured_content["index"] == "default"
+            assert r.structured_content["version"] == searcher.index.version is not None
             _assert_hits(r.structured_content["hits"], offline_hits(searcher, query, top_k, mode))
     # Defaults: top_k 10, hipporag2.
     r = await client.call_tool("retrieve", {"query": QUESTIONS[0]})
