@@ -154,8 +154,9 @@ def test_provenance_fields(provenance, repo):
     json.dumps(record)  # serialisable as is
 
 
-# modules the scripts import (continual_synthetic: bench_continual --synthetic's procedure)
-LIBRARIES = ("__init__", "common", "provenance", "timing", "continual_synthetic")
+# modules the scripts import (continual_synthetic: bench_continual --synthetic's procedure;
+# soak: the writable server and clients of bench_soak, bench_writable and tests/serve/test_soak)
+LIBRARIES = ("__init__", "common", "provenance", "timing", "continual_synthetic", "soak")
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
 
