@@ -90,6 +90,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGINT (the server drains and exits), SIGKILL after 60 s; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class ServerProcess:
     """`python -m hippo_gpu.cli.serve` on loopback, with its log in a temp file."""
 
@@ -130,14 +142,7 @@ class ServerProcess:
         return httpx.get(self.url + "/v1/stats", timeout=10.0).json()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
     def tail(self, n: int = 4000) -> str:
         self.log.flush()

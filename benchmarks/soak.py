@@ -29,7 +29,6 @@ import asyncio
 import bisect
 import json
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -100,14 +99,9 @@ class WritableServer:
         return rss_mb(self.proc.pid)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        from benchmarks.bench_server import stop_process
+
+        return stop_process(self.proc)
 
     def tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
