@@ -2,6 +2,9 @@
 
     python -m benchmarks.bench_continual --threads 2 [--stream 100] [--allow-dirty]
     python -m benchmarks.bench_continual --threads 1 --synthetic 100000 --stream 1000
+    python -m benchmarks.bench_continual --threads 1 --synthetic 1000000 --repeat 10
+        --phases insert,delete --work DIR   (one command: at 1M what fits in 24 GiB; DIR keeps
+        the base for the next run)
 
 (The second form: one change's cost as the index grows, on a synthetic corpus; see
 benchmarks/continual_synthetic.py. The rest of this docstring is the first form.)
@@ -64,6 +67,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--probe", type=int, default=250,
                     help="--synthetic: measure load and query cost every this many commits")
     ap.add_argument("--seed", type=int, default=0, help="--synthetic: corpus seed")
+    ap.add_argument("--phases", default="insert,delete,stream,compact,compare",
+                    help="--synthetic: which of (b)-(f) run (insert always; at 1M: "
+                    "insert,delete)")
     ap.add_argument("--exact-synonyms", action="store_true",
                     help="--synthetic: build with the exact torch synonym kNN (equality check)")
     add_arguments(ap)

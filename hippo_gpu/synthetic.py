@@ -262,11 +262,17 @@ class SyntheticCorpus:
     def num_passages(self) -> int:
         return int(len(self.triple_ptr) - 1)
 
-    def _rows(self) -> Iterator[tuple[Passage, list[Triple], list[str]]]:
+    def _rows(self, start: int = 0,
+              stop: int | None = None) -> Iterator[tuple[Passage, list[Triple], list[str]]]:
+        """Passages start..stop-1 (Python objects for those rows only)."""
+        stop = self.num_passages if stop is None else min(stop, self.num_passages)
+        start = max(0, min(start, stop))
         ph, pr = self.phrase_text, self.predicate_text
-        s_all, p_all, o_all = (a.tolist() for a in (self.subject, self.predicate, self.object))
-        ptr = self.triple_ptr.tolist()
-        for i in range(self.num_passages):
+        lo, hi = int(self.triple_ptr[start]), int(self.triple_ptr[stop])
+        s_all, p_all, o_all = (a[lo:hi].tolist() for a in (self.subject, self.predicate,
+                                                           self.object))
+        ptr = (self.triple_ptr[start:stop + 1] - lo).tolist()
+        for i in range(stop - start):
             a, b = ptr[i], ptr[i + 1]
             triples = [(ph[s], pr[p], ph[o]) for s, p, o in
                        zip(s_all[a:b], p_all[a:b], o_all[a:b])]
@@ -274,13 +280,15 @@ class SyntheticCorpus:
             entities = list(dict.fromkeys(x for s, _, o in triples for x in (s, o)))
             yield Passage(title=triples[0][0], text=text), triples, entities
 
-    def passages(self) -> list[Passage]:
-        return [p for p, _, _ in self._rows()]
+    def passages(self, start: int = 0, stop: int | None = None) -> list[Passage]:
+        """The passages (rows start..stop-1 of them: only those are built)."""
+        return [p for p, _, _ in self._rows(start, stop)]
 
-    def docs(self) -> list[OpenIEDoc]:
-        """OpenIE docs in passage order, as `data.read_openie` returns them."""
+    def docs(self, start: int = 0, stop: int | None = None) -> list[OpenIEDoc]:
+        """OpenIE docs in passage order, as `data.read_openie` returns them (rows
+        start..stop-1)."""
         return [OpenIEDoc(entities=tuple(e), triples=tuple(dict.fromkeys(t)))
-                for _, t, e in self._rows()]
+                for _, t, e in self._rows(start, stop)]
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """Write `corpus.json` (list of {title, text}) and `openie.json` (HippoRAG v2 OpenIE:

@@ -137,6 +137,9 @@ def test_server_answers_ircot_as_the_offline_loop(sample_searcher, llm) -> None:
                          "error": None}
         assert isinstance(seeds, list)
     assert "errors" not in got
+    # no write during the request: every step read the one loaded version, and it says so
+    assert sample_searcher.index.version is not None
+    assert got["version"] == sample_searcher.index.version
 
 
 def _sample_data(tmp_path: Path) -> Path:

@@ -94,6 +94,10 @@ def test_written_files_read_back_as_the_in_memory_types(tmp_path) -> None:
     for p, d in zip(passages[:20], docs[:20]):
         assert p.title == d.triples[0][0]
         assert all(f"{s} {r} {o}." in p.text for s, r, o in d.triples)
+    # a range of rows builds those rows only, the same objects as the whole list's
+    for start, stop in ((0, 0), (0, 1), (117, 160), (299, None), (250, 10_000)):
+        assert corpus.passages(start, stop) == passages[start:stop]
+        assert corpus.docs(start, stop) == docs[start:stop]
 
 
 def test_statistics_of_hand_made_docs() -> None:

@@ -11,7 +11,8 @@ The question's own retrieval uses the request's entities and return_seeds (the s
 are its own); a thought's retrieval uses none (hybrid: the capitalised spans of the thought;
 hipporag1: the same spans, given as its entities). A write that commits during a request may
 switch the index version between its steps: the batcher answers each step from the current
-version.
+version, and the answers name a version only when every step of the request read that one
+(else None: the response's "version" is then null).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
     loop = asyncio.get_running_loop()
     texts: dict[str, str] = {}  # passage key -> text, for the prompts and the answers
     seeds: list[Any] = [None] * len(queries)
+    versions: set[int | None] = set()  # the versions that answered the request's steps
 
     def retrieve(batch: list[str], step: int) -> list[Retrieved]:
         ents = entities if step == 0 else \
@@ -47,6 +49,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
             index=index, transport=transport), loop).result()
         if step == 0:
             seeds[:] = [a.seeds for a in answers]
+        versions.update(a.version for a in answers)
         out = []
         for a in answers:
             texts.update((h["key"], h["text"]) for h in a.hits)
@@ -56,9 +59,11 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
 
     report = await asyncio.to_thread(run_ircot, list(queries), retrieve, reason,
                                      lambda h: texts[h.key], max_steps=max_steps, top_k=top_k)
+    version = next(iter(versions)) if len(versions) == 1 else None
     answers = [
         Answer([{"key": h.key, "title": h.title, "text": texts[h.key], "score": h.score,
-                 "rank": h.rank} for h in r.hits], seeds[i], r.error if r.failed else None)
+                 "rank": h.rank} for h in r.hits], seeds[i], r.error if r.failed else None,
+               version=version)
         for i, r in enumerate(report.results)
     ]
     return answers, report.results

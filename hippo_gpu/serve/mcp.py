@@ -76,8 +76,8 @@ class HitOut(BaseModel):
 class RetrieveOut(BaseModel):
     index: str = Field(description="the index that answered")
     version: int | None = Field(default=None, description=(
-        "the index version that answered (null: never saved, or IRCoT, whose steps may "
-        "straddle a write)"))
+        "the index version that answered (IRCoT: the one every step read; null when a write "
+        "committed between its steps, or for an index never saved)"))
     mode: str
     hits: list[HitOut] = Field(description="best first")
 
@@ -187,8 +187,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         name, answer, result = await one_query(query, top_k, mode, index, entities,
                                                ircot_steps=max_steps)
         assert result is not None
-        return IRCoTOut(index=name, mode=mode, hits=[HitOut(**h) for h in answer.hits],
-                        **trace(result))
+        return IRCoTOut(index=name, version=answer.version, mode=mode,
+                        hits=[HitOut(**h) for h in answer.hits], **trace(result))
 
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""

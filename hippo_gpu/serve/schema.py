@@ -357,8 +357,9 @@ class RetrieveResponse(BaseModel):
         default=None,
         description="the index version that answered every query of this request (one batch "
         "reads one version: a write committed meanwhile switches later requests only); a "
-        "request sent after a write's 200 names that write's version or a later one. Null for "
-        "an index never saved, and for an IRCoT request (a write may commit between its steps)")
+        "request sent after a write's 200 names that write's version or a later one. An IRCoT "
+        "request names it when every step read that version, else null (a write committed "
+        "between its steps). Null for an index never saved")
     ircot: list[IRCoTTrace] | None = Field(
         default=None, description="per query, its IRCoT thoughts; null unless ircot")
     errors: list[str | None] | None = Field(

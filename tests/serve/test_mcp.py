@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402
+from hippo_gpu.store import read_manifest  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.serve.helpers import Gate, serving  # noqa: E402
 
@@ -163,6 +164,9 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
                   "cpu", "--no-warmup", "--llm", spec, "--max-ircot-steps", "3"],
             env=env, cwd=str(REPO))  # fmt: skip
 
+        version = read_manifest(sample_index_dir)["version"]
+        assert version is not None
+
         async def run() -> None:
             async with Client(params, read_timeout_seconds=300) as client:
                 tools = {t.name: t for t in (await client.list_tools()).tools}
@@ -179,6 +183,7 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
                         [h.score for h in want.hits], rel=1e-5, abs=1e-6)
                     assert (got["thoughts"], got["steps"], got["stop"], got["error"]) == (
                         want.thoughts, want.steps, want.stop, None)
+                    assert got["version"] == version  # every step read the one version
                 for args, needle in (({"query": "x", "max_steps": 4}, "max_steps"),
                                      ({"query": "x", "mode": "hipporag1"}, "needs entities")):
                     r = await client.call_tool("retrieve_ircot", args)
