@@ -67,6 +67,34 @@ PHASES = ("insert", "delete", "stream", "compact", "compare")
 BUILD_THREADS = os.cpu_count() or 1  # (a) only; the timed phases run at --threads
 
 
+def _write_child(total: int, seed: int, out: str) -> None:
+    """corpus.json and openie.json of synthetic_corpus(total, seed) into `out`, in a child
+    process (writing 1M passages leaves gigabytes of freed objects in the writing process)."""
+    from hippo_gpu.synthetic import synthetic_corpus
+
+    synthetic_corpus(total, seed=seed).write(out)
+
+
+def _in_child(target: Any, *args: Any) -> None:
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"SKIP: {target.__name__} failed in a child process (exit "
+                         f"{child.exitcode})")
+
+
+def _data(work: Path, total: int, seed: int) -> Path:
+    """The corpus files of synthetic_corpus(total, seed) in `work` (written once): the OpenIE
+    path; every passage's doc is in it, a build reads its passages'."""
+    data = work / f"data_{total}_{seed}"
+    if not (data / "openie.json").exists():
+        shutil.rmtree(work / "data.partial", ignore_errors=True)
+        _in_child(_write_child, total, seed, str(work / "data.partial"))
+        (work / "data.partial").rename(data)
+    return data / "openie.json"
+
+
 def _build_child(n: int, total: int, seed: int, exact: bool, openie: str, out: str,
                  threads: int) -> None:
     """(a) in a child process: the index of the first n of synthetic_corpus(total, seed)."""
@@ -103,13 +131,8 @@ def _base(work: Path, index_dir: Path, openie: Path, n: int, total: int, args: A
     shutil.rmtree(pristine, ignore_errors=True)
     marker.unlink(missing_ok=True)
     start = time.perf_counter()
-    child = multiprocessing.get_context("spawn").Process(
-        target=_build_child, args=(n, total, args.seed, bool(args.exact_synonyms), str(openie),
-                                   str(index_dir), BUILD_THREADS))
-    child.start()
-    child.join()
-    if child.exitcode != 0:
-        raise SystemExit(f"SKIP: the build of {n} passages failed (exit {child.exitcode})")
+    _in_child(_build_child, n, total, args.seed, bool(args.exact_synonyms), str(openie),
+              str(index_dir), BUILD_THREADS)
     build_s = time.perf_counter() - start
     shutil.copytree(index_dir, pristine, copy_function=os.link)
     marker.write_text(json.dumps({**want, "build_s": round(build_s, 1)}))
@@ -134,13 +157,12 @@ def run(args: Any, git: dict[str, Any]) -> None:
     print(f"threads {torch.get_num_threads()}; cpu {cpu_model()}; scratch {work}; "
           f"phases {sorted(phases)}")
     total = n + repeat + stream
+    openie = _data(work, total, args.seed)
+    index_dir = work / "index"
+    graph = GraphConfig(knn_backend="torch") if args.exact_synonyms else None
+    build_s = _base(work, index_dir, openie, n, total, args)  # before this process holds rows
+    print(f"(a) build {n} passages: {build_s:.1f} s")
     corpus = synthetic_corpus(total, seed=args.seed)
-    data = work / f"data_{total}_{args.seed}"  # every passage's doc; builds read theirs
-    if not (data / "openie.json").exists():
-        shutil.rmtree(work / "data.partial", ignore_errors=True)
-        corpus.write(work / "data.partial")
-        (work / "data.partial").rename(data)
-    openie = data / "openie.json"
     queries = [f"{p.title} {p.text[:80]}" for i in range(0, n, max(1, n // 32))[:32]
                for p in corpus.passages(i, i + 1)]
     if "compare" in phases:
@@ -149,10 +171,6 @@ def run(args: Any, git: dict[str, Any]) -> None:
         passages = [None] * n + corpus.passages(n)  # type: ignore[list-item]
         docs = [None] * n + corpus.docs(n)  # type: ignore[list-item]
     del corpus
-    index_dir = work / "index"
-    graph = GraphConfig(knn_backend="torch") if args.exact_synonyms else None
-    build_s = _base(work, index_dir, openie, n, total, args)
-    print(f"(a) build {n} passages: {build_s:.1f} s")
 
     w = IndexWriter(index_dir, device="cpu", compact_after=None).open()
     ins_t, ins_st, del_t, del_st = [], [], [], []
