@@ -75,10 +75,29 @@ def _write_child(total: int, seed: int, out: str) -> None:
     synthetic_corpus(total, seed=seed).write(out)
 
 
+def _child_main(parent: int, target: Any, *args: Any) -> None:
+    """Run `target(*args)`, exiting as soon as the benchmark that started it is gone (killed:
+    a build left running would hold its memory for a quarter of an hour)."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    target(*args)
+
+
 def _in_child(target: Any, *args: Any) -> None:
-    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_child_main, args=(os.getpid(), target, *args))
     child.start()
-    child.join()
+    try:
+        child.join()
+    except BaseException:  # interrupted: the child goes with the benchmark
+        child.kill()
+        raise
     if child.exitcode != 0:
         raise SystemExit(f"SKIP: {target.__name__} failed in a child process (exit "
                          f"{child.exitcode})")
@@ -188,7 +207,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         w.commit()
         del_t.append(time.perf_counter() - t)
         del_st.append(w.last_change.stage_seconds)
-    print(f"(b) insert {_ms(ins_t)}  (c) delete {_ms(del_t)}")
+    print(f"(b) insert {_ms(ins_t)}" + (f"  (c) delete {_ms(del_t)}" if del_t else ""))
 
     def probe_costs() -> dict[str, float]:
         t = time.perf_counter()
