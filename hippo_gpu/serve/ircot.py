@@ -24,7 +24,7 @@ from typing import Any
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
 from hippo_gpu.results import Hit
-from hippo_gpu.serve.service import Answer, RetrievalService
+from hippo_gpu.serve.service import Answer, RetrievalService, answered_version
 
 __all__ = ["answer_ircot", "trace"]
 
@@ -39,7 +39,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
     loop = asyncio.get_running_loop()
     texts: dict[str, str] = {}  # passage key -> text, for the prompts and the answers
     seeds: list[Any] = [None] * len(queries)
-    versions: set[int | None] = set()  # the versions that answered the request's steps
+    step_answers: list[Answer] = []  # every step's, for the version they name
 
     def retrieve(batch: list[str], step: int) -> list[Retrieved]:
         ents = entities if step == 0 else \
@@ -49,7 +49,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
             index=index, transport=transport), loop).result()
         if step == 0:
             seeds[:] = [a.seeds for a in answers]
-        versions.update(a.version for a in answers)
+        step_answers.extend(answers)
         out = []
         for a in answers:
             texts.update((h["key"], h["text"]) for h in a.hits)
@@ -59,7 +59,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
 
     report = await asyncio.to_thread(run_ircot, list(queries), retrieve, reason,
                                      lambda h: texts[h.key], max_steps=max_steps, top_k=top_k)
-    version = next(iter(versions)) if len(versions) == 1 else None
+    version = answered_version(step_answers)
     answers = [
         Answer([{"key": h.key, "title": h.title, "text": texts[h.key], "score": h.score,
                  "rank": h.rank} for h in r.hits], seeds[i], r.error if r.failed else None,

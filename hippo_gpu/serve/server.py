@@ -116,9 +116,9 @@ from hippo_gpu.serve.schema import (
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
-    Answer,
     RetrievalService,
     ServedIndex,
+    answered_version,
     check_index_name,
 )
 from hippo_gpu.serve.ui import add_ui_routes
@@ -385,14 +385,6 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         responses={**auth.responses, **retrieve_responses(config.max_body_bytes)},
         dependencies=auth.dependencies,
     )(retrieve)
-
-
-def answered_version(answers: list[Answer]) -> int | None:
-    """The index version that answered every one of `answers` (one batch, pinned to one
-    version, answers a request); None when they name none (an index never saved, an IRCoT
-    request whose steps a write may have split) or several."""
-    versions = {a.version for a in answers}
-    return versions.pop() if len(versions) == 1 else None
 
 
 def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,

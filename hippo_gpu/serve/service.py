@@ -150,6 +150,14 @@ class Answer(NamedTuple):
     version: int | None = None  # the index version that answered (None: never saved)
 
 
+def answered_version(answers: list[Answer]) -> int | None:
+    """The index version that answered every one of `answers` (one batch, pinned to one
+    version, answers a request); None when they name none (an index never saved, an IRCoT
+    request whose steps a write split) or several."""
+    versions = {a.version for a in answers}
+    return versions.pop() if len(versions) == 1 else None
+
+
 class _SearcherAdapter:
     """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
 
