@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from tests.helpers import MUSIQUE, musique_or_skip  # noqa: F401 (fixtures use them)
 
 
+@contextmanager
+def _every_core() -> Iterator[None]:
+    """A session build runs on every core, then the thread count the tests had comes back (a CLI
+    test's --threads 1 sets torch's count for the rest of the session: the cold-cache musique build
+    then took ~20 min on one core)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def sample_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled sample corpus, indexed once per session (CPU, default encoder)."""
@@ -21,7 +38,8 @@ def sample_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("sample") / "index"
     files = paths()
-    build_index(files["corpus"], files["openie"], out, device="cpu")
+    with _every_core():
+        build_index(files["corpus"], files["openie"], out, device="cpu")
     return out
 
 
@@ -48,11 +66,13 @@ def musique_searcher(musique_index):
 
 @pytest.fixture(scope="session")
 def musique_index(tmp_path_factory: pytest.TempPathFactory):
-    """musique_train indexed with the default encoder (float32): ~3-4 min on 2 cores."""
+    """musique_train indexed with the default encoder (float32): ~3-4 min on 2 cores with a warm
+    embedding cache, ~10 min cold. Only slow tests use it."""
     from hippo_gpu import build_index
 
     data = musique_or_skip()
     cache = Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
-    return build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
-                       tmp_path_factory.mktemp("musique") / "index", device="cpu",
-                       cache_dir=cache / "embeddings")
+    with _every_core():
+        return build_index(data / "corpus.json", data / "openie_gpt-3.5-turbo-1106.json",
+                           tmp_path_factory.mktemp("musique") / "index", device="cpu",
+                           cache_dir=cache / "embeddings")

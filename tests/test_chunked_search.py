@@ -277,6 +277,7 @@ def musique_queries():
 # hybrid and hipporag1 in float64: in float32 their phrase-graph PPR stops short of the
 # solver's certified tolerance on some musique queries (ConvergenceError in the one-chunk path
 # alike, a solver matter); their float32 paths are compared on the sample and synthetic index.
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,dtype", [("dense", "float32"), ("hipporag2", "float32"),
                                         ("hybrid", "float64"), ("hipporag1", "float64")])
 def test_musique_chunked_equals_one_chunk(musique_searcher, musique_queries, monkeypatch,

@@ -28,6 +28,7 @@ def test_paraphrase_is_deterministic_and_variant_major(bench):
         bench.paraphrase(qs, 11)
 
 
+@pytest.mark.slow  # the whole benchmark script on the sample
 def test_benchmark_runs_on_sample(bench, sample_index, sample_searcher, tmp_path):
     from hippo_gpu.data import read_questions
     from hippo_gpu.sample import paths, sample_dir

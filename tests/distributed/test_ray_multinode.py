@@ -50,6 +50,8 @@ from tests.distributed.multinode import (  # noqa: E402
 from tests.helpers import QUERIES  # noqa: E402
 from tests.llm.test_faults import FaultServer, backend, corpus  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a multi-node cluster started and a node killed: ~3 min on 2 cores
+
 WORKERS, CPUS = 2, 3  # worker nodes and their CPUs: room on one for everything (2.5 CPUs)
 QUERY_ROWS, PART_SIZE = 1600, 40
 PASSAGES, SHARD_SIZE = 64, 8

@@ -40,6 +40,8 @@ from tests.serve.helpers import (  # noqa: E402
 )
 from tests.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a Ray Serve deployment of two replicas: ~1.5 min on 2 cores
+
 TOKEN = "ray-serve-token-5d2e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMITS = {"max_queries_per_request": 4, "max_query_chars": 100, "max_top_k": 50,

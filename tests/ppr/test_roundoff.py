@@ -193,6 +193,7 @@ def test_sample_rankings_report_certified_bounds(sample_searcher) -> None:
     assert bool((ranking.ppr_bound > 0).all())
 
 
+@pytest.mark.slow
 def test_musique_below_the_float32_floor_converges_certified(musique_searcher) -> None:
     """tol below musique's float32 floor on both graphs: every query answered, certified, and
     the rankings equal those of a float64 solve to the same tol."""

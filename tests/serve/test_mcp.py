@@ -144,6 +144,7 @@ def test_stdio_command(sample_index_dir: Path, sample_searcher: Any) -> None:
     asyncio.run(asyncio.wait_for(run(), 600))
 
 
+@pytest.mark.slow  # the local LLM loaded in a child process
 def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
                                                sample_searcher: Any) -> None:
     """`hippo-gpu mcp --llm SPEC` adds retrieve_ircot: the merged ranking and the thoughts of

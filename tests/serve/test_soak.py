@@ -33,6 +33,8 @@ from hippo_gpu.synthetic import synthetic_corpus  # noqa: E402
 from tests.serve.helpers import assert_same_ranking  # noqa: E402
 from tests.test_writer import assert_same_index, leftovers  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a served soak of writes and queries
+
 MODES = ("hipporag2", "dense", "hybrid")
 TOP_K = 1_000  # more than the corpus holds: each response lists every passage of its version
 RSS_GROWTH_MB = 48.0  # after the warm-up writes; a version leaked per write would exceed it
