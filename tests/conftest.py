@@ -17,17 +17,26 @@ from tests.helpers import MUSIQUE, musique_or_skip  # noqa: F401 (fixtures use t
 
 @contextmanager
 def _every_core() -> Iterator[None]:
-    """A session build runs on every core, then the thread count the tests had comes back (a CLI
-    test's --threads 1 sets torch's count for the rest of the session: the cold-cache musique build
-    then took ~20 min on one core)."""
+    """A session build runs on every core (torch and faiss: musique's synonym kNN is faiss-flat),
+    then the thread counts the tests had come back (a CLI test's --threads 1 sets both for the
+    rest of the session: the cold-cache musique build then took ~20 min on one core)."""
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        import faiss
+    except ImportError:  # an optional extra: then the exact torch backend runs the kNN
+        faiss = None
+    before = torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else 0
+    every = os.cpu_count() or 1
+    torch.set_num_threads(every)
+    if faiss:
+        faiss.omp_set_num_threads(every)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        if faiss:
+            faiss.omp_set_num_threads(before[1])
 
 
 @pytest.fixture(scope="session")
