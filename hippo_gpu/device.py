@@ -41,6 +41,24 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
+def threads_here() -> int:
+    """Make the calling OS thread run torch's CPU ops on ``torch.get_num_threads()`` threads
+    (and return that count).
+
+    torch keeps one intra-op count for the process, but its OpenMP runtime keeps one per OS
+    thread, and a thread that never set it starts at the machine's default: measured on a
+    2-core machine, a query run in a fresh thread after ``torch.set_num_threads(1)`` reduced
+    on 2 threads while torch reported 1, and hybrid's float32 PPR came out different at
+    round-off from the same query on the main thread (a server's worker threads answered one
+    request with the one bits and the next with the other). Setting torch's own count again
+    applies it to this thread; it costs microseconds, so every entry point that computes
+    (Searcher.rank, a writer's commit and compaction) calls it first.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    return threads
+
+
 def set_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count (None keeps the current one); return the count in use."""
     if threads is not None:

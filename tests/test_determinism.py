@@ -132,3 +132,25 @@ def test_exact_match_linking_only_with_an_uncased_encoder(sample_index, sample_s
     uncased._uncased = True
     uncased.entity_scores([[entity]], RetrievalConfig())
     assert enc.calls == []  # the shortcut: no encoding
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "hipporag2"])
+def test_a_query_in_another_os_thread_gives_the_same_bits(sample_searcher, mode: str) -> None:
+    """torch's OpenMP thread count is per OS thread (device.threads_here): with one thread set,
+    a query answered in a fresh thread (as a server's workers answer) gives the very scores of
+    the main thread's, on a machine of any core count."""
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = sample_searcher.rank(QUERIES, top_k=10, mode=mode)
+        got: list = []
+        worker = threading.Thread(
+            target=lambda: got.append(sample_searcher.rank(QUERIES, top_k=10, mode=mode)))
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got[0].passage_rows, want.passage_rows)
+    assert torch.equal(got[0].scores, want.scores)

@@ -141,8 +141,9 @@ def passage_mass(adjacency: Tensor, targets: Tensor, *, damping: float,
                                   device=adjacency.device)
     # Mᵀ = D⁻¹A as CSR: M's COO with rows and columns swapped (M = A D⁻¹)
     coo = transition.matrix.to_sparse_coo().coalesce()
-    m_t = torch.sparse_coo_tensor(coo.indices().flip(0), coo.values(), (n, n)) \
-        .coalesce().to_sparse_csr()
+    # (indices of a coalesced tensor, swapped: valid, so the invariant check is skipped)
+    m_t = torch.sparse_coo_tensor(coo.indices().flip(0), coo.values(), (n, n),
+                                  check_invariants=False).coalesce().to_sparse_csr()
     base = torch.zeros(n, 1, dtype=torch.float64, device=adjacency.device)
     base[targets.to(adjacency.device)] = 1.0 - damping
     h = base.clone()
