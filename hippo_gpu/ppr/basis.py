@@ -40,6 +40,23 @@ upper bound of h, so a push certified with it is certified for the true h. On th
 graphs most phrase mass stays on phrases (mean h ≈ 0.1 over phrases, 0.55 over passages), so
 this bound is ~10x tighter than ‖ρ‖₁.
 
+**Why a commit re-solves the basis (at compaction) instead of patching it.** With M' the
+transition after a commit, the resolvent identity gives L' b'_j = x_j + L' u_j with
+u_j = d/(1 − d)(M' − M) x_j + (b'_j − b_j), supported on the few nodes S whose transition column
+changed (2-6 for a single-passage insert on the synthetic corpora) and the added passages. A
+patch therefore needs x_j at S, mostly phrase rows the basis does not hold; by the graph's
+symmetry (D⁻¹ L D = Lᵀ off the isolated nodes) x_j[u] = D_u Σ_{w∈T} (L e_u)_w b_j[w] / D_w, one
+push from e_u. But B2 must stay within the queries' budget (default tol 1e-6 of a reset vector
+whose dense half carries ~all the mass): over 16 commits, a tenth of the median query's budget
+allows each column ~4e-6 (10k passages) to ~5e-5 (100k) of error per commit, so x_j[u] is
+needed to ~1e-7 of its size. A push to that accuracy is not local: measured
+(benchmarks/bench_basis_locality.py, results line of commit 2994316, one thread, Xeon) it scans
+3-6x the graph's edges per node of S at 10k and 3-50x (the cap; hubs need more) at 100k, so the
+x half alone costs 0.06-0.6 s per insert at 10k against a 0.68 s re-solve, and >= 13.6-22 s at
+100k against a 12.8 s re-solve (a push edge costs ~17x a Chebyshev edge: it is sequential and
+random-access, the solve streams 65 columns per edge). The patch is thus both O(graph) and
+slower than solving again, and a commit keeps no basis; a compaction re-solves it.
+
 Memory: Z is [P, D] float64 (8·P·D bytes: 51 MB at 100k passages and D = 64), z1 [P], h [N].
 """
 
