@@ -41,30 +41,22 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
-def threads_here() -> int:
-    """Make the calling OS thread run torch's CPU ops on ``torch.get_num_threads()`` threads
-    (and return that count).
+def set_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count (None: its current one) in the calling OS thread too;
+    return the count in use.
 
     torch keeps one intra-op count for the process, but its OpenMP runtime keeps one per OS
     thread, and a thread that never set it starts at the machine's default: measured on a
     2-core machine, a query run in a fresh thread after ``torch.set_num_threads(1)`` reduced
-    on 2 threads while torch reported 1, and hybrid's float32 PPR came out different at
-    round-off from the same query on the main thread (a server's worker threads answered one
-    request with the one bits and the next with the other). Setting torch's own count again
-    applies it to this thread; it costs microseconds, so every entry point that computes
-    (Searcher.rank, a writer's commit and compaction) calls it first.
+    on 2 threads while torch reported 1, and its float32 PPR differed at round-off from the
+    same query on the main thread (a server's worker threads answered one request with the one
+    bits and the next with the other). Setting the count (again) applies it to this thread; it
+    costs microseconds, so every entry point that computes (Searcher.rank, a writer's commit
+    and compaction) calls ``set_threads()`` first.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    return threads
-
-
-def set_threads(threads: int | None) -> int:
-    """Set torch's intra-op thread count (None keeps the current one); return the count in use."""
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(torch.get_num_threads() if threads is None else threads)
     return torch.get_num_threads()
 
 

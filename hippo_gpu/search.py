@@ -47,7 +47,7 @@ from hippo_gpu import hipporag1
 from hippo_gpu.blockwise import scores_against, spans
 from hippo_gpu.config import MODES, RetrievalConfig, solver_method
 from hippo_gpu.data import Triple
-from hippo_gpu.device import ppr_dtype, threads_here
+from hippo_gpu.device import ppr_dtype, set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.entities import heuristic_entities
 from hippo_gpu.entity_search import Clock, EntityPaths, check_entities
@@ -380,7 +380,7 @@ class Searcher(EntityPaths):
             raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        threads_here()  # a server's worker thread computes as the process's count says
+        set_threads()  # a server's worker thread computes as the process's count says
         q = len(queries)
         if q == 0 or len(index.passage_keys) == 0:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)

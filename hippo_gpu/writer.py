@@ -73,7 +73,7 @@ from hippo_gpu.delta import (
     new_texts,
     plan_change,
 )
-from hippo_gpu.device import resolve_device, threads_here
+from hippo_gpu.device import resolve_device, set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
@@ -344,7 +344,7 @@ class IndexWriter:
         it (on CPU, float32: what `load_index` of the new version gives; `last_change` says
         what changed). The writer keeps it as the base of its next changes."""
         base = self._require_base()
-        threads_here()  # the server's write thread: torch's count, as for queries
+        set_threads()  # the server's write thread: torch's count, as for queries
         stages = Stages()
 
         def load_encoder() -> Encoder:
@@ -436,7 +436,7 @@ class IndexWriter:
         writer lock (a server runs it in the background while commits go on); commits made
         meanwhile stay valid on top of it (store.install_base)."""
         base = self._require_base()
-        threads_here()  # the server's compactor thread: torch's count, as for queries
+        set_threads()  # the server's compactor thread: torch's count, as for queries
         stages = Stages()
         basis = base.basis
         if base.config.ppr_basis and basis is None:

@@ -136,7 +136,7 @@ def test_exact_match_linking_only_with_an_uncased_encoder(sample_index, sample_s
 
 @pytest.mark.parametrize("mode", ["hybrid", "hipporag2"])
 def test_a_query_in_another_os_thread_gives_the_same_bits(sample_searcher, mode: str) -> None:
-    """torch's OpenMP thread count is per OS thread (device.threads_here): with one thread set,
+    """torch's OpenMP thread count is per OS thread (device.set_threads): with one thread set,
     a query answered in a fresh thread (as a server's workers answer) gives the very scores of
     the main thread's, on a machine of any core count."""
     import threading
