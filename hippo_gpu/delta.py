@@ -65,7 +65,7 @@ from hippo_gpu.synonyms import (
 from hippo_gpu.tables import FactTable, PassageTriples, StringTable
 
 __all__ = ["Change", "NewVectors", "Plan", "SynonymUpdate", "apply_change", "change_counts",
-           "new_texts", "plan_change"]
+           "lex_search", "new_texts", "plan_change"]
 
 
 @dataclass
@@ -161,7 +161,7 @@ def _rank_keys(spo: np.ndarray, m: int, r: int) -> np.ndarray | None:
     return (spo[:, 0] * max(r, 1) + spo[:, 1]) * max(m, 1) + spo[:, 2]
 
 
-def _lex_search(sorted_spo: np.ndarray, queries: np.ndarray, m: int, r: int) -> np.ndarray:
+def lex_search(sorted_spo: np.ndarray, queries: np.ndarray, m: int, r: int) -> np.ndarray:
     """Left insertion positions of rank triples `queries` [k, 3] in `sorted_spo` [F, 3]."""
     keys = _rank_keys(sorted_spo, m, r)
     if keys is not None:
@@ -213,7 +213,7 @@ def plan_change(base: Index, change: Change) -> Plan:
     cand = np.nonzero(revivable)[0]  # sorted by new ranks too (monotone maps)
     uniq_add, add_inv = np.unique(add_spo, axis=0, return_inverse=True) if len(add_spo) else \
         (np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-    pos = _lex_search(spo_new_old[cand], uniq_add, m, r) if len(cand) else \
+    pos = lex_search(spo_new_old[cand], uniq_add, m, r) if len(cand) else \
         np.zeros(len(uniq_add), np.int64)
     found = (pos < len(cand)) & (spo_new_old[cand[np.minimum(pos, max(len(cand) - 1, 0))]]
                                  == uniq_add).all(axis=1) if len(cand) else \
@@ -222,7 +222,7 @@ def plan_change(base: Index, change: Change) -> Plan:
     old_live = np.nonzero(fact_alive)[0]
     brand_new = uniq_add[~found]  # sorted (np.unique)
     live_spo = spo_new_old[old_live]
-    at = _lex_search(live_spo, brand_new, m, r) if len(live_spo) else \
+    at = lex_search(live_spo, brand_new, m, r) if len(live_spo) else \
         np.zeros(len(brand_new), np.int64)
     new_fact_rows = at + np.arange(len(brand_new), dtype=np.int64)
     spo = np.insert(live_spo, at, brand_new, axis=0) if len(brand_new) else live_spo
@@ -282,9 +282,9 @@ def runs(to_new: np.ndarray) -> list[tuple[int, int, int]]:
 class PendingRows:
     """An embedding matrix not yet copied: row i is `sources[src[i]][row[i]]`.
 
-    A replay of several segments (versions.load_index) places each version's rows by index
-    only, 12 bytes per row instead of the row itself, and copies every row once at the end
-    (`settle`): the intermediate versions' matrices are never built.
+    A replay of a chain of segments (chain.replay_chain) places the final version's rows by
+    index only, 12 bytes per row instead of the row itself, lets the chain redirect a row to a
+    later stored vector, and copies every row once at the end (`settle`).
     """
 
     sources: list[torch.Tensor]

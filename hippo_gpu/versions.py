@@ -13,11 +13,13 @@ to recompute, nothing derived from the rest of the index:
                         counts and error flags; the new version's phrase, fact and passage
                         counts (a replay that disagrees is refused)
 
-Loading replays the chain: the base, then for each segment delta.plan_change and
-delta.apply_change with the stored vectors and synonym lists (no encoder, no kNN), which is the
-computation the commit itself ran, so the replayed version equals the committed one (same rows,
-same bits). The embeddings of the versions in between are never built: each replay places rows
-by index only (delta.PendingRows) and the last version's rows are copied once (delta.settle).
+Loading replays the chain: the base, then the chain's net change as ONE delta.plan_change and
+delta.apply_change with the stored vectors and synonym lists (no encoder, no kNN), composed so
+that the result equals replaying each segment in turn, which is the computation each commit ran
+(same rows, same bits; chain.py states and proves the composition). A chain of k segments costs
+one plan and apply of the index plus a small per-segment walk, not k of them. The embeddings of
+the versions in between are never built: rows are placed by index (delta.PendingRows) and the
+last version's rows are copied once (delta.settle).
 A reader that holds version v moves to the current one by replaying only the segments after v
 (`refresh_index`): no base is re-read or re-verified.
 
@@ -28,22 +30,15 @@ its basis solved, and the chain starts again from there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from hippo_gpu.chain import Segment, expected_counts, replay_chain
 from hippo_gpu.data import Passage
-from hippo_gpu.delta import (
-    Change,
-    NewVectors,
-    SynonymUpdate,
-    apply_change,
-    plan_change,
-    settle,
-)
+from hippo_gpu.delta import Change, NewVectors, SynonymUpdate, settle
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.index import Index, index_of_files
 from hippo_gpu.store import Files, IndexFormatError, read_index_dir, read_manifest
@@ -64,16 +59,6 @@ def needs_compaction(manifest: dict[str, Any], max_segments: int) -> bool:
     seg_bytes = sum(f["bytes"] for s in segments for f in s["files"].values())
     base_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
     return len(segments) >= max_segments or seg_bytes > SEGMENT_FRACTION * base_bytes
-
-
-@dataclass
-class Segment:
-    """One commit's change and its stored results (module docstring)."""
-
-    change: Change
-    vectors: NewVectors
-    synonyms: SynonymUpdate
-    expect: dict[str, int]  # counts of the version it produces: phrases, facts, passages
 
 
 def segment_files(segment: Segment) -> tuple[dict[str, dict[str, torch.Tensor]],
@@ -117,36 +102,6 @@ def _segment_of(path: Path, files: Files) -> Segment:
         raise IndexFormatError(f"{path}: malformed segment ({err!r})") from err
 
 
-def expected_counts(index: Index) -> dict[str, int]:
-    return {"phrases": len(index.phrases), "facts": len(index.facts),
-            "passages": len(index.passage_keys)}
-
-
-def replay(index: Index, segment: Segment, *, path: Path, version: int,
-           pending: bool = False) -> Index:
-    """The version a segment produces from the one before it (module docstring); with
-    `pending` its embeddings stay delta.PendingRows (the caller settles the last one)."""
-    c = segment.change
-    if len(c.removed) and int(c.removed.max()) >= len(index.passage_keys):
-        raise IndexFormatError(f"{path}: segment {version} removes passage rows the version "
-                               "before it lacks")
-    plan = plan_change(index, c)
-    shapes = {"passages": (len(c.passages), segment.vectors.passages.shape[0]),
-              "phrases": (len(plan.new_phrase_rows), segment.vectors.phrases.shape[0]),
-              "facts": (len(plan.new_fact_rows), segment.vectors.facts.shape[0])}
-    bad = [f"{k}: {a} new, {b} vectors" for k, (a, b) in shapes.items() if a != b]
-    if bad:
-        raise IndexFormatError(f"{path}: segment {version} does not fit the version before it "
-                               f"({'; '.join(bad)})")
-    new, _ = apply_change(index, c, plan, segment.vectors, index.config, torch.device("cpu"),
-                          synonyms=segment.synonyms, pending=pending)
-    if expected_counts(new) != segment.expect:
-        raise IndexFormatError(f"{path}: replaying segment {version} gives "
-                               f"{expected_counts(new)}, the commit recorded {segment.expect}")
-    new.path, new.version, new.timings = index.path, version, index.timings
-    return new
-
-
 def load_index(
     path: str | Path,
     device: str | torch.device = "auto",
@@ -171,9 +126,8 @@ def load_index(
     manifest, base, segments = read_index_dir(root, verify=verify)
     assert base is not None
     index = index_of_files(root, manifest, base, encoder=encoder)
-    for version, files in segments:
-        index = replay(index, _segment_of(root, files), path=root, version=version,
-                       pending=True)
+    if segments:
+        index = replay_chain(index, [(v, _segment_of(root, f)) for v, f in segments], path=root)
     index = settle(index)  # the embeddings of the last version only, each row copied once
     index.version = manifest.get("version")
     dev = resolve_device(device)
@@ -198,8 +152,8 @@ def refresh_index(index: Index, *, verify: bool = True) -> Index:
     manifest, _, segments = read_index_dir(root, verify=verify, after=int(index.version))
     out = index.to("cpu", "float32") if index.device.type != "cpu" or \
         index.precision != "float32" else index
-    for version, files in segments:
-        out = replay(out, _segment_of(root, files), path=root, version=version, pending=True)
+    if segments:
+        out = replay_chain(out, [(v, _segment_of(root, f)) for v, f in segments], path=root)
     out = settle(out)
     out.version = manifest.get("version")
     return out.to(index.device, index.precision) if index.device.type != "cpu" or \
