@@ -19,9 +19,13 @@ benchmarks/continual_synthetic.py. The rest of this docstring is the first form.
 (d) the counts of (b) against a full build of the whole corpus (made from the now-warm cache; its
     time is not a denominator), the adjacency compared entry by entry, and hipporag2 Recall@k
     and top-10 agreement on the first 100 questions;
-(e) a stream of `--stream` inserts of one held-out passage each into the 90 % index (one writer,
-    one commit per passage, no embedding cache: each passage's texts are really encoded):
-    ms per insert p50/p99 and the stage breakdown of the median one.
+(e) a stream of `--stream` single-passage inserts that ends at the whole corpus: a base of all
+    but the last `--stream` passages (built from the warm cache), then one writer, one commit per
+    passage, no embedding cache (each passage's texts are really encoded), no compaction until
+    the end: ms per insert p50/p99 and the stage breakdown of the median one, the chain's cold
+    load, then the compaction and the compacted index against (d)'s full build (counts,
+    adjacency entry by entry, hipporag2 recall and top-10 agreement). `--stream 1000` is issue
+    23's musique check (a base of 890 passages).
 
 The Python import of sentence-transformers (paid once per process by any command) is measured
 apart and included in neither the build nor the insert; the encoder's model load is included in
@@ -53,7 +57,8 @@ from benchmarks.common import (
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--threads", type=int, required=True, help="torch + faiss threads")
-    ap.add_argument("--stream", type=int, default=100, help="single-passage inserts in (e)")
+    ap.add_argument("--stream", type=int, default=100,
+                    help="single-passage inserts in (e): the corpus's last ones")
     ap.add_argument("--questions", type=int, default=100, help="questions for recall in (d)")
     ap.add_argument("--holdout", type=float, default=0.1, help="fraction inserted in (b)")
     ap.add_argument("--data-dir", default=None, help="default $HIPPO_DATA_DIR or ../shared/data")
@@ -219,17 +224,25 @@ def main(args: argparse.Namespace) -> None:
     adjacency_insert = _adjacency_diff(grown, full)
     adjacency_delete = _adjacency_diff(shrunk, base)
 
-    # (e) a stream of single-passage inserts into the 90 % index, no embedding cache
+    # (e) a stream of single-passage inserts that ends at the whole corpus: a base of all but
+    # the last --stream passages (built from the warm cache: its vectors are the full build's),
+    # one writer, one commit per passage, no embedding cache (each passage's texts really
+    # encoded), no compaction until the end; then compact and compare with (d)'s full build
+    from hippo_gpu.index import load_index
     from hippo_gpu.writer import IndexWriter
 
-    stream = tail[:args.stream]
+    n_stream = min(args.stream, len(corpus) - 1)
+    stream = corpus[len(corpus) - n_stream:]
+    stream_dir = work / "stream_index"
+    build_index(corpus[:len(corpus) - n_stream], openie, stream_dir, encoder=EncoderConfig(),
+                device=args.device, cache_dir=cache)
     # each insert hands over only its passage's OpenIE doc (what a pipeline extracting one
     # passage at a time would pass); the file is parsed here, outside the timed loop
     docs = json.loads(openie.read_text(encoding="utf-8"))["docs"]
     doc_of = {passage_key(d["passage"]): d for d in docs if isinstance(d.get("passage"), str)}
     per_insert: list[float] = []
     stream_stages: list[dict[str, float]] = []
-    with IndexWriter(index_dir, device=args.device, cache_dir=None) as w:
+    with IndexWriter(stream_dir, device=args.device, cache_dir=None, compact_after=None) as w:
         for passage in stream:
             one = {"docs": [doc_of[passage_key(f"{passage['title']}\n{passage['text']}")]]}
             start = time.perf_counter()
@@ -238,6 +251,18 @@ def main(args: argparse.Namespace) -> None:
             report = w.last_change
             per_insert.append(time.perf_counter() - start)
             stream_stages.append(report.stage_seconds)
+        start = time.perf_counter()
+        chain = load_index(stream_dir, device=args.device)
+        chain_load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        streamed = w.compact()
+        stream_compact_s = time.perf_counter() - start
+    res = evaluate_mode(Searcher(streamed, encoder=enc), questions, "hipporag2", top_k=200)
+    quality["stream"] = {k: res.recall[k] for k in ("2", "5", "10")}
+    ranked["stream"] = res.ranked_keys
+    stream_equal = counts(streamed) == counts(full)
+    adjacency_stream = _adjacency_diff(streamed, full)
+    del chain
     first, rest = per_insert[0], per_insert[1:] or per_insert
     p50, p99 = quantile(rest, 0.5), quantile(rest, 0.99)
     typical = min(range(len(per_insert)), key=lambda i: (i == 0, abs(per_insert[i] - p50)))
@@ -273,6 +298,16 @@ def main(args: argparse.Namespace) -> None:
         (f"(e) stream: inserts 2..{len(per_insert)} p50 / p99",
          f"{p50 * 1e3:.0f} / {p99 * 1e3:.0f} ms",
          f"{1 / p50:.2f} inserts/s at p50"),
+        (f"(e) cold load of the {len(per_insert)}-segment chain", f"{chain_load_s:.2f} s", ""),
+        ("(e) compaction at the end", f"{stream_compact_s:.2f} s", str(w.last_compaction)),
+        ("(e) counts after compaction == full build", str(stream_equal),
+         f"adjacency same structure {adjacency_stream['same_structure']}, max |dw| "
+         f"{adjacency_stream['max_weight_diff']}"),
+        ("(e) hipporag2 R@2/5/10 stream | full",
+         "/".join(str(v) for v in quality["stream"].values()),
+         "/".join(str(v) for v in quality["full"].values())),
+        ("(e) identical top-10, stream vs full", f"{agree('stream', 'full')}/{len(questions)}",
+         ""),
     ]
     width = max(len(r[0]) for r in rows) + 2
     for name, value, note in rows:
@@ -314,6 +349,13 @@ def main(args: argparse.Namespace) -> None:
                       "p99": round(p99 * 1e3, 1), "n": len(rest),
                       "all": [round(x * 1e3, 1) for x in per_insert]},
         "stream_typical_stages": stream_stages[typical],
+        "stream_base_passages": len(corpus) - n_stream,
+        "stream_chain_load_seconds": round(chain_load_s, 3),
+        "stream_compact_seconds": round(stream_compact_s, 3),
+        "stream_compact_stages": w.last_compaction,
+        "counts_stream_equal_full": stream_equal,
+        "adjacency_stream_vs_full": adjacency_stream,
+        "top10_identical_stream_vs_full": agree("stream", "full"),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     append_result_or_exit(results, line, allow_dirty=args.allow_dirty)
