@@ -228,7 +228,7 @@ def main(args: argparse.Namespace) -> None:
     # the last --stream passages (built from the warm cache: its vectors are the full build's),
     # one writer, one commit per passage, no embedding cache (each passage's texts really
     # encoded), no compaction until the end; then compact and compare with (d)'s full build
-    from hippo_gpu.index import load_index
+    from hippo_gpu.versions import load_index
     from hippo_gpu.writer import IndexWriter
 
     n_stream = min(args.stream, len(corpus) - 1)
