@@ -53,6 +53,7 @@ import torch
 
 from hippo_gpu.config import IndexConfig
 from hippo_gpu.data import Passage, Triple
+from hippo_gpu.device import host_empty
 from hippo_gpu.graph import GraphPart, fact_text, patch_graph
 from hippo_gpu.index import Index, triple_counts, triple_report
 from hippo_gpu.synonyms import (
@@ -278,6 +279,9 @@ def runs(to_new: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(live[a]), int(dest[a]), int(b - a)) for a, b in zip(starts, ends)]
 
 
+_SLICE_ROWS = 16  # a run this long is one slice copy in PendingRows.settle; shorter: gathered
+
+
 @dataclass
 class PendingRows:
     """An embedding matrix not yet copied: row i is `sources[src[i]][row[i]]`.
@@ -300,13 +304,27 @@ class PendingRows:
         return len(self.src), int(self.sources[0].shape[1])
 
     def settle(self) -> torch.Tensor:
-        """The matrix: [n, D] float32."""
-        out = torch.empty(self.shape, dtype=torch.float32)
-        for s, t in enumerate(self.sources):
-            at = np.nonzero(self.src == s)[0]
+        """The matrix: [n, D] float32, copied by runs of consecutive source rows (one slice
+        copy each, as `_placed`), the rows of short runs gathered per source: a chain keeps the
+        base's rows in long runs (c changed rows cut at most 2c + 1), so this is memcpy speed."""
+        out = host_empty(self.shape)
+        n = len(self.src)
+        if not n:
+            return out
+        sources = [t.detach().cpu().float() for t in self.sources]
+        cut = np.nonzero((np.diff(self.src) != 0) | (np.diff(self.row) != 1))[0] + 1
+        starts = np.concatenate([[0], cut])
+        lengths = np.diff(np.concatenate([starts, [n]]))
+        long = lengths >= _SLICE_ROWS
+        for a, k in zip(starts[long].tolist(), lengths[long].tolist()):
+            r = int(self.row[a])
+            out[a:a + k] = sources[int(self.src[a])][r:r + k]
+        short = np.repeat(~long, lengths)  # [n] rows left to the gather
+        for s, t in enumerate(sources):
+            at = np.nonzero(short & (self.src == s))[0]
             if len(at):
-                out[torch.from_numpy(at)] = t.detach().cpu().float()[torch.from_numpy(
-                    self.row[at])]
+                out.index_copy_(0, torch.from_numpy(at),
+                                t.index_select(0, torch.from_numpy(self.row[at])))
         return out
 
 
@@ -334,7 +352,7 @@ def _placed(old: torch.Tensor | PendingRows, to_new: np.ndarray, n_new: int, row
             sources = [*sources, fresh.float().cpu()]
             src[rows], row[rows] = len(sources) - 1, np.arange(len(rows))
         return PendingRows(sources, src, row)
-    out = torch.empty((n_new, old.shape[1]), dtype=torch.float32)
+    out = host_empty((n_new, int(old.shape[1])))
     src_t = old.detach().cpu()
     for a, b, n in runs(to_new):
         out[b:b + n] = src_t[a:a + n]
