@@ -56,13 +56,13 @@ from hippo_gpu.data import Passage, Triple
 from hippo_gpu.delta import (
     Change,
     NewVectors,
-    PendingRows,
     SynonymUpdate,
     apply_change,
     lex_search,
     plan_change,
 )
 from hippo_gpu.index import Index
+from hippo_gpu.placed_rows import PendingRows
 from hippo_gpu.store import IndexFormatError
 from hippo_gpu.synonyms import SynonymEdges
 
@@ -89,7 +89,7 @@ def expected_counts(index: Index) -> dict[str, int]:
 def replay(index: Index, segment: Segment, *, path: Path, version: int,
            pending: bool = False) -> Index:
     """The version one segment produces from the one before it; with `pending` its embeddings
-    stay delta.PendingRows (the caller settles the last one)."""
+    stay placed_rows.PendingRows (the caller settles the last one)."""
     c = segment.change
     if len(c.removed) and int(c.removed.max()) >= len(index.passage_keys):
         raise IndexFormatError(f"{path}: segment {version} removes passage rows the version "

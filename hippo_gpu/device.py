@@ -92,7 +92,7 @@ def host_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> to
     no such advice) torch.empty.
 
     Why: a commit and a chain's load fill fresh matrices the size of the index (the embedding
-    copies, delta._placed and PendingRows.settle), and torch's allocator maps them in 4 KiB
+    copies, placed_rows.placed and PendingRows.settle), and torch's allocator maps them in 4 KiB
     pages, one page fault per page on the first write. numpy already advises its large arrays
     this way; torch only under THP_MEM_ALLOC_ENABLE=1, which a library should not set for its
     caller's process. Measured on this project's VM (2-core EPYC, Linux 6.18 with THP set to

@@ -18,8 +18,8 @@ delta.apply_change with the stored vectors and synonym lists (no encoder, no kNN
 that the result equals replaying each segment in turn, which is the computation each commit ran
 (same rows, same bits; chain.py states and proves the composition). A chain of k segments costs
 one plan and apply of the index plus a small per-segment walk, not k of them. The embeddings of
-the versions in between are never built: rows are placed by index (delta.PendingRows) and the
-last version's rows are copied once (delta.settle).
+the versions in between are never built: rows are placed by index (placed_rows.PendingRows) and the
+last version's rows are copied once (placed_rows.settle).
 A reader that holds version v moves to the current one by replaying only the segments after v
 (`refresh_index`): no base is re-read or re-verified.
 
@@ -38,9 +38,10 @@ import torch
 
 from hippo_gpu.chain import Segment, expected_counts, replay_chain
 from hippo_gpu.data import Passage
-from hippo_gpu.delta import Change, NewVectors, SynonymUpdate, settle
+from hippo_gpu.delta import Change, NewVectors, SynonymUpdate
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.index import Index, index_of_files
+from hippo_gpu.placed_rows import settle
 from hippo_gpu.store import Files, IndexFormatError, read_index_dir, read_manifest
 from hippo_gpu.synonyms import SynonymEdges
 

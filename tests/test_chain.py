@@ -24,9 +24,10 @@ from hippo_gpu import build_index
 from hippo_gpu.chain import Segment, replay, replay_chain
 from hippo_gpu.config import EncoderConfig, GraphConfig
 from hippo_gpu.data import Passage
-from hippo_gpu.delta import NewVectors, settle
+from hippo_gpu.delta import NewVectors
 from hippo_gpu.embed import Encoder
 from hippo_gpu.index import Index, index_of_files
+from hippo_gpu.placed_rows import PendingRows, settle
 from hippo_gpu.sample import paths
 from hippo_gpu.store import IndexFormatError, read_index_dir
 from hippo_gpu.versions import _segment_of, load_index
@@ -179,8 +180,6 @@ def test_a_segment_that_does_not_fit_is_refused_by_name(enc, sample, tmp_path):
 def test_pending_rows_settle_equals_the_row_by_row_gather():
     """settle copies long runs as slices and gathers the rest: every row must be its source's
     row whatever the mix (runs of 1-40 rows from 1-3 sources, empty matrices included)."""
-    from hippo_gpu.delta import PendingRows
-
     rng = np.random.default_rng(0)
     for _ in range(100):
         n, k = int(rng.integers(0, 300)), int(rng.integers(1, 4))
