@@ -1,4 +1,4 @@
-"""CUDA check of the Triton PPR step (kernels/ppr_triton.py) against cuSPARSE (the torch step).
+"""CUDA check of the Triton PPR step (kernels/src/ppr_triton.py) against cuSPARSE (the torch step).
 
 On each graph (a musique-sized synthetic graph, N ≈ 18k, and the synthetic 1M-passage graph,
 N ≈ 6M, nnz ≈ 58M) and float32 batch (Q = 32 and 128), prints per step: time of the torch step

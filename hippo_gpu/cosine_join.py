@@ -79,7 +79,7 @@ def nearest_lists(x: torch.Tensor, centroids: torch.Tensor, p: int, *, chunk: in
     C fits, else int32).
 
     One [chunk, C] GEMM into a reused buffer per chunk, then the per-row selection: the numba
-    insertion kernel (kernels/topk_cpu.py, ties to the lower id, ~2x torch.topk here) on the
+    insertion kernel (kernels/src/topk_cpu.py, ties to the lower id, ~2x torch.topk here) on the
     CPU, torch.topk on CUDA or where numba is missing.
     """
     import hippo_gpu.kernels as kernels

@@ -77,8 +77,8 @@ def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
     CPU (numba kernel available, float32 / float16 / bfloat16 facts): one pass that reads each
     slab of ROW_ALIGN fact rows once per batch (`panel_slabs`: scores_against's own GEMMs, so
     the same raw scores r) and folds it into a running top-m of r (m = k + TIE_SLACK, ties by
-    the lower row) and a running min and max per query (kernels/topk_cpu.RunningTopK). Never
-    more than [Q, ROW_ALIGN] scores, whatever rows_per_block. Why the raw top-m suffices: the
+    the lower row) and a running min and max per query (kernels/src/topk_cpu.py, RunningTopK).
+    Never more than [Q, ROW_ALIGN] scores, whatever rows_per_block. Why the raw top-m suffices: the
     scaling g(r) = (r - lo) / (hi - lo) is monotone (each float operation is), so every fact
     outside the m candidates C has g <= u, the scaled value of C's lowest raw score. With t the
     k-th scaled value of C in (scaled desc, row asc) order: if u < t, every fact outside C

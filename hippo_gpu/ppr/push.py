@@ -23,7 +23,7 @@ recomputes hᵀρ over the touched nodes at the end (the running sum drifts by r
 the float64 round-off of its updates (one rounding of relative 2⁻⁵² per push and per edge
 update, of at most the seed mass each).
 
-Order (kernels/push_cpu.py): phases of a threshold ε, dividing by 4 per phase; within a phase a
+Order (kernels/src/push_cpu.py): phases of a threshold ε, dividing by 4 per phase; within a phase a
 FIFO queue of the nodes with ρ_u ≥ ε·max(D_u, 1). Every order keeps (P1); this one makes a
 push's cost (D_u edges) buy at least ε of residual per edge, which is the ACL work bound
 (‖s‖₁ / ((1 − d) ε) edges for a phase's threshold ε).
