@@ -187,14 +187,19 @@ def plan_change(base: Index, change: Change) -> Plan:
     p_old, f_old = len(ptr) - 1, len(spo_old)
     keep = np.ones(p_old, dtype=bool)
     keep[change.removed] = False
-    kept_occ = np.repeat(keep, np.diff(ptr))
-    fact_alive = np.bincount(occ[kept_occ], minlength=f_old) > 0
-
-    phrase_alive = np.zeros(len(base.phrases), dtype=bool)
-    phrase_alive[spo_old[fact_alive, 0]] = True
-    phrase_alive[spo_old[fact_alive, 2]] = True
-    pred_alive = np.zeros(len(base.predicates), dtype=bool)
-    pred_alive[spo_old[fact_alive, 1]] = True
+    if len(change.removed):
+        kept_occ: np.ndarray | slice = np.repeat(keep, np.diff(ptr))
+        fact_alive = np.bincount(occ[kept_occ], minlength=f_old) > 0
+        phrase_alive = np.zeros(len(base.phrases), dtype=bool)
+        phrase_alive[spo_old[fact_alive, 0]] = True
+        phrase_alive[spo_old[fact_alive, 2]] = True
+        pred_alive = np.zeros(len(base.predicates), dtype=bool)
+        pred_alive[spo_old[fact_alive, 1]] = True
+    else:  # every stored fact occurs, every phrase and predicate is named by one: all stay
+        kept_occ = slice(None)
+        fact_alive = np.ones(f_old, dtype=bool)
+        phrase_alive = np.ones(len(base.phrases), dtype=bool)
+        pred_alive = np.ones(len(base.predicates), dtype=bool)
     added = [t for ts in change.triples for t in ts]
     phrases, ph_map, new_ph_rows, _ = _merge_sorted(
         base.phrases, phrase_alive, {x for s, _, o in added for x in (s, o)})
@@ -207,14 +212,15 @@ def plan_change(base: Index, change: Change) -> Plan:
     add_spo = np.array([[ph_row(s), pr_row(p), ph_row(o)] for s, p, o in added],
                        dtype=np.int64).reshape(-1, 3)
     fact_to_new = np.full(f_old, -1, dtype=np.int64)
-    old_live = np.nonzero(fact_alive)[0]
-    spo_new_old = np.stack([ph_map[spo_old[:, 0]], pr_map[spo_old[:, 1]],
-                            ph_map[spo_old[:, 2]]], axis=1)  # [F, 3] (-1 where gone)
-    revivable = (spo_new_old >= 0).all(axis=1)  # every part alive in the new tables
+    s_new, p_new, o_new = ph_map[spo_old[:, 0]], pr_map[spo_old[:, 1]], ph_map[spo_old[:, 2]]
+    revivable = (s_new >= 0) & (p_new >= 0) & (o_new >= 0)  # every part alive in the new tables
+    spo_new_old = np.stack([s_new, p_new, o_new], axis=1)  # [F, 3] (-1 where gone)
+    del s_new, p_new, o_new
     cand = np.nonzero(revivable)[0]  # sorted by new ranks too (monotone maps)
     uniq_add, add_inv = np.unique(add_spo, axis=0, return_inverse=True) if len(add_spo) else \
         (np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-    pos = lex_search(spo_new_old[cand], uniq_add, m, r) if len(cand) else \
+    cand_spo = spo_new_old if len(cand) == f_old else spo_new_old[cand]  # (no copy if all)
+    pos = lex_search(cand_spo, uniq_add, m, r) if len(cand) else \
         np.zeros(len(uniq_add), np.int64)
     found = (pos < len(cand)) & (spo_new_old[cand[np.minimum(pos, max(len(cand) - 1, 0))]]
                                  == uniq_add).all(axis=1) if len(cand) else \
@@ -222,7 +228,7 @@ def plan_change(base: Index, change: Change) -> Plan:
     fact_alive[cand[pos[found]]] = True
     old_live = np.nonzero(fact_alive)[0]
     brand_new = uniq_add[~found]  # sorted (np.unique)
-    live_spo = spo_new_old[old_live]
+    live_spo = spo_new_old if len(old_live) == f_old else spo_new_old[old_live]
     at = lex_search(live_spo, brand_new, m, r) if len(live_spo) else \
         np.zeros(len(brand_new), np.int64)
     new_fact_rows = at + np.arange(len(brand_new), dtype=np.int64)

@@ -271,37 +271,63 @@ def patch_graph(old: torch.Tensor, node_to_new: np.ndarray, n: int, m: int,
 
     Claim: A[u, v] = S[u, v] + S[v, u] depends only on the statistics of the pair {u, v}; a
     change of any of them marks both u and v dirty, so an entry with two clean ends is the old
-    entry at its renumbered place (a monotone renumbering keeps each CSR row sorted: no sort),
-    and an entry with a dirty end is computed from `part`, which holds every statistic of such
-    a pair, by the same functions as build_graph (float64 sums of the same terms, so the same
-    float32 values). The two sets of entries are disjoint; their sum is the new adjacency.
-    Cost: elementwise passes over the old entries and a sort of the dirty rows' entries only.
-    """
-    from scipy.sparse import csr_matrix
+    entry at its renumbered place, and an entry with a dirty end is computed from `part`, which
+    holds every statistic of such a pair, by the same functions as build_graph (float64 sums
+    of the same terms, so the same float32 values). The two sets are disjoint and the result
+    is their union, laid out as one CSR by a merge:
 
+      kept   the old entries with two clean ends, in old CSR order. A monotone renumbering
+             keeps rows in order and each row's columns sorted, so they are already the new
+             CSR order of their own entries.
+      fresh  the dirty part's entries, summed and sorted by (row, column) (coo_to_csr).
+      merge  with key(u, v) = u · n + v both lists are sorted by key and share none; a fresh
+             entry lands after the kept entries of smaller key (one searchsorted per fresh
+             entry) and after the fresh entries before it, which np.insert does in one pass.
+
+    Cost: elementwise passes over the old entries (masks, gathers, one key per kept entry) and
+    work over the dirty part only: no sort and no sparse addition of whole matrices.
+    """
     crow = old.crow_indices().numpy()
     col = old.col_indices().numpy()
     val = old.values().numpy()
     n_old = len(crow) - 1
     clean_old = node_to_new >= 0
     clean_old &= ~dirty[np.maximum(node_to_new, 0)]
-    row = np.repeat(np.arange(n_old, dtype=np.int64), np.diff(crow))
-    keep = clean_old[row] & clean_old[col]
-    new_row = node_to_new[row[keep]]
-    counts = np.bincount(new_row, minlength=n)
-    clean = csr_matrix((val[keep].astype(np.float32), node_to_new[col[keep]],
-                        np.concatenate([[0], np.cumsum(counts)])), shape=(n, n))
+    degree = np.diff(crow)
+    keep = np.repeat(clean_old, degree)
+    keep &= clean_old[col]
+    kept_col = node_to_new[col[keep]]
+    kept_val = val[keep].astype(np.float32, copy=False)
+    kept_per_old = np.add.reduceat(np.append(keep, False), crow[:-1], dtype=np.int64) \
+        if n_old else np.zeros(0, np.int64)
+    kept_per_old[degree == 0] = 0  # reduceat reads one element for an empty row
+    kept_count = np.zeros(n, dtype=np.int64)
+    kept_count[node_to_new[clean_old]] = kept_per_old[clean_old]
+
     fs, fd, fc = fact_pairs(part.spo, part.occurrences, m)
     uniq, phrase_w = phrase_pair_stats(fs, fd, fc, part.synonyms, m, cfg)
     rows, cols, vals = _symmetric_entries(uniq, phrase_w, m, part.inc_passage, part.inc_phrase)
     fresh = coo_to_csr(rows, cols, vals, n)
-    fresh_sp = csr_matrix((fresh.values().numpy(), fresh.col_indices().numpy(),
-                           fresh.crow_indices().numpy()), shape=(n, n))
-    total = (clean + fresh_sp).tocsr()
-    total.sort_indices()
-    return make_csr(torch.from_numpy(total.indptr.astype(np.int64)),
-                    torch.from_numpy(total.indices.astype(np.int64)),
-                    torch.from_numpy(total.data.astype(np.float32)), n)
+    f_crow = fresh.crow_indices().numpy()
+    f_col = fresh.col_indices().numpy()
+    f_val = fresh.values().numpy()
+    f_count = np.diff(f_crow)
+
+    crow_new = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(kept_count + f_count, out=crow_new[1:])
+    if not len(f_col):
+        return make_csr(torch.from_numpy(crow_new), torch.from_numpy(kept_col.astype(np.int64)),
+                        torch.from_numpy(kept_val), n)
+    f_row = np.repeat(np.arange(n, dtype=np.int64), f_count)
+    kept_key = np.repeat(np.arange(n, dtype=np.int64), kept_count)
+    kept_key *= n
+    kept_key += kept_col
+    at = np.searchsorted(kept_key, f_row * n + f_col)
+    del kept_key
+    out_col = np.insert(kept_col.astype(np.int64, copy=False), at, f_col)
+    out_val = np.insert(kept_val, at, f_val.astype(np.float32, copy=False))
+    return make_csr(torch.from_numpy(crow_new), torch.from_numpy(out_col),
+                    torch.from_numpy(out_val), n)
 
 
 def edge_counts(elements: GraphElements, phrase_pair_keys: int, passage_pairs: int) -> dict:

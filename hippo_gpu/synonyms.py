@@ -205,7 +205,7 @@ def kept_synonyms(old: SynonymEdges, to_new: np.ndarray, affected: np.ndarray) -
 def update_synonym_rows(
     to_new: np.ndarray, old: SynonymEdges, new_phrases: Sequence[str], new_emb: torch.Tensor,
     added: np.ndarray, removed_emb: torch.Tensor, cfg: GraphConfig, *,
-    backend: str, device: torch.device, chunk: int = 8192,
+    backend: str, device: torch.device, chunk: int = 1 << 16,
 ) -> tuple[SynonymEdges, SynonymEdges, np.ndarray]:
     """The synonym edges after phrases were added and removed, recomputing only the phrases
     whose list can change. Returns (kept edges, recomputed edges, recomputed source rows), all
@@ -238,8 +238,8 @@ def update_synonym_rows(
                          removed_emb.float()]).to(device)  # [C, D]
     if changed.shape[0] and m:
         base = new_emb.float().to(device)
-        for start in range(0, m, chunk):
-            best = (base[start:start + chunk] @ changed.T).max(dim=1).values  # [B]
+        for start in range(0, m, chunk):  # [C, B] per block: the max runs along rows
+            best = (changed @ base[start:start + chunk].T).amax(dim=0)  # [B]
             affected[start:start + chunk] |= \
                 (best >= cfg.synonym_threshold - _AFFECTED_MARGIN).cpu().numpy()
     kept = kept_synonyms(old, to_new, affected)

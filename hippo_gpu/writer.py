@@ -73,7 +73,7 @@ from hippo_gpu.delta import (
     new_texts,
     plan_change,
 )
-from hippo_gpu.device import resolve_device, set_threads
+from hippo_gpu.device import keep_large_allocations_in_heap, resolve_device, set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
@@ -168,6 +168,7 @@ class IndexWriter:
         if self._lock is not None:
             return self
         read_manifest(self.index_dir)  # not an index: raise before the lock creates anything
+        keep_large_allocations_in_heap()  # commits allocate index-sized arrays again and again
         stack = contextlib.ExitStack()
         stack.enter_context(writer_lock(self.index_dir))
         try:

@@ -3,6 +3,9 @@ to torch dtypes (hippo_gpu.device)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -54,3 +57,32 @@ def test_host_empty_gives_writable_tensors_that_outlive_their_views():
     want = torch.arange((rows - 2) * 64, rows * 64, dtype=torch.float32).view(2, 64)
     assert torch.equal(tail, want)
     assert torch.equal(host_empty((2, 3), torch.int64).fill_(5), torch.full((2, 3), 5))
+
+
+_REFAULT = """
+import resource, sys, torch
+from hippo_gpu.device import keep_large_allocations_in_heap
+kept = keep_large_allocations_in_heap() if sys.argv[1] == "keep" else None
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+x = torch.empty(256 << 20, dtype=torch.uint8); x.fill_(1); del x  # 256 MiB touched, freed
+before = faults()
+y = torch.empty(256 << 20, dtype=torch.uint8); y.fill_(2)  # the same size again
+print(kept, faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_a_kept_heap_refills_a_freed_large_block_without_page_faults():
+    """Without the setting glibc unmaps the freed 256 MiB and the second block faults in all
+    its 65,536 pages again; with it the heap keeps the block and the refill reuses it."""
+    def run(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _REFAULT, mode], capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    kept, with_heap = run("keep")
+    _, without = run("plain")
+    assert kept == "True"
+    assert without > 30_000  # 4 KiB pages faulted again (numpy-free torch.empty: no THP advice)
+    assert with_heap < without / 10
