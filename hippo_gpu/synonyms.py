@@ -185,6 +185,7 @@ def sample_recall(edges: SynonymEdges, rows: np.ndarray, exact: SynonymEdges,
 # cosine here comes from another GEMM than the kNN's, so a few ulps of slack make the affected
 # set a superset (recomputing an unaffected list changes nothing).
 _AFFECTED_MARGIN = 1e-4
+_KNN_BATCH_BYTES = 1 << 30  # update_synonym_rows: the [B, M] float32 similarities of one batch
 
 
 def kept_synonyms(old: SynonymEdges, to_new: np.ndarray, affected: np.ndarray) -> SynonymEdges:
@@ -250,7 +251,10 @@ def update_synonym_rows(
     if backend == "ivf-join":  # the affected rows are few: search them exactly
         backend = "torch"
     vectors = new_emb.float().to(device) if backend == "torch" else new_emb.float()
-    scores, ids = knn(vectors, k, backend=backend, rows=rows)
+    # [B, M] similarities per batch: B from a byte budget (8192 rows at 8.55M phrases would be
+    # 280 GB; a commit's affected rows are few, but a delete of a hub passage can reach many)
+    batch = max(1, _KNN_BATCH_BYTES // (4 * max(m, 1)))
+    scores, ids = knn(vectors, k, backend=backend, rows=rows, query_batch=batch)
     fresh = select_synonym_edges(new_phrases, scores, ids, cfg, rows=rows)
     return kept, fresh, rows
 

@@ -1,0 +1,100 @@
+"""The exact synonym kNN of one commit as the phrase table grows: the floor under a commit's cost
+that no storage layout removes on this CPU.
+
+A commit recomputes the synonym lists its change can alter (`synonyms.update_synonym_rows`): it
+scans every phrase vector against the C changed ones (one [C, M] GEMM in blocks) and takes the
+exact top-k of the affected rows among all M phrases. This benchmark runs that function on M
+random unit vectors (D 64, the hash:64 encoder's width) with C of them new, at the phrase counts
+of the synthetic 10k, 100k, 300k and 1M indexes (85k, 855k, 2.5M, 8.55M), and times, best of
+`--repeats`: the whole function, and its top-k part alone (`vector_search.knn` of the C rows);
+the difference is the scan, the walk and the bookkeeping.
+Random vectors in 64 dimensions are almost never within the synonym threshold of each other, so
+the affected rows are the C new ones (a real commit adds their neighbours).
+
+    python -m benchmarks.bench_synonym_floor --threads 1
+
+One JSON line is appended to benchmarks/results/bench_synonym_floor.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from benchmarks.common import (
+    add_arguments,
+    append_result_or_exit,
+    check_clean_or_exit,
+    init_threads,
+    provenance,
+)
+
+RESULTS = "benchmarks/results/bench_synonym_floor.jsonl"
+
+
+class _Names(Sequence[str]):
+    """M phrase texts without holding M strings (the walk reads only the rows it visits)."""
+
+    def __init__(self, m: int) -> None:
+        self.m = m
+
+    def __len__(self) -> int:
+        return self.m
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        return f"phrase {int(i)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--phrases", default="85000,855000,2500000,8550000")
+    ap.add_argument("--changed", type=int, default=20, help="C: the new phrases of the commit")
+    ap.add_argument("--repeats", type=int, default=2)
+    add_arguments(ap)
+    args = ap.parse_args()
+    threads = init_threads(args.threads)
+    git = check_clean_or_exit(args.allow_dirty)
+
+    import numpy as np
+    import torch
+
+    from hippo_gpu.config import GraphConfig
+    from hippo_gpu.synonyms import SynonymEdges, synonym_candidates_k, update_synonym_rows
+    from hippo_gpu.vector_search import knn
+
+    cfg = GraphConfig(knn_backend="torch")
+    cpu = torch.device("cpu")
+    rows = []
+    print(f"threads {threads}; D 64; C {args.changed}")
+    for m in (int(x) for x in args.phrases.split(",")):
+        x = torch.nn.functional.normalize(
+            torch.randn(m, 64, generator=torch.Generator().manual_seed(0)), dim=1)
+        added = np.arange(m - args.changed, m, dtype=np.int64)
+        to_new = np.arange(m - args.changed, dtype=np.int64)  # the old phrases keep their rows
+        none = SynonymEdges(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+        whole, topk, affected = [], [], 0
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            _, _, aff = update_synonym_rows(to_new, none, _Names(m), x, added,
+                                            torch.zeros(0, 64), cfg, backend="torch", device=cpu)
+            whole.append(time.perf_counter() - t)
+            affected = len(aff)
+            t = time.perf_counter()
+            knn(x, synonym_candidates_k(cfg, m), backend="torch", rows=aff)
+            topk.append(time.perf_counter() - t)
+        row = {"phrases": m, "changed": args.changed, "affected": affected,
+               "update_ms": round(min(whole) * 1e3, 1), "topk_ms": round(min(topk) * 1e3, 1)}
+        row["scan_and_walk_ms"] = round(row["update_ms"] - row["topk_ms"], 1)
+        print(row, flush=True)
+        rows.append(row)
+        del x
+    record = {**provenance("synonym_floor", threads=threads, device="cpu", git=git,
+                           batch_sizes={"changed": args.changed}),
+              "rows": rows}
+    append_result_or_exit(RESULTS, record, allow_dirty=args.allow_dirty)
+
+
+if __name__ == "__main__":
+    main()
