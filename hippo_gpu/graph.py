@@ -280,12 +280,14 @@ def patch_graph(old: torch.Tensor, node_to_new: np.ndarray, n: int, m: int,
              keeps rows in order and each row's columns sorted, so they are already the new
              CSR order of their own entries.
       fresh  the dirty part's entries, summed and sorted by (row, column) (coo_to_csr).
-      merge  with key(u, v) = u · n + v both lists are sorted by key and share none; a fresh
-             entry lands after the kept entries of smaller key (one searchsorted per fresh
-             entry) and after the fresh entries before it, which np.insert does in one pass.
+      merge  both lists are sorted by (row, column) and share no entry; a fresh entry lands
+             after the kept entries of its row with a smaller column (a binary search in
+             that row's kept columns) and after the fresh entries before it, which np.insert
+             does in one pass.
 
-    Cost: elementwise passes over the old entries (masks, gathers, one key per kept entry) and
-    work over the dirty part only: no sort and no sparse addition of whole matrices.
+    Cost: elementwise passes over the old entries (masks, gathers) and work over the dirty part
+    only (the searches; the kept count of a row is its degree less its entries into unclean
+    columns): no sort and no sparse addition of whole matrices.
     """
     crow = old.crow_indices().numpy()
     col = old.col_indices().numpy()
@@ -294,13 +296,15 @@ def patch_graph(old: torch.Tensor, node_to_new: np.ndarray, n: int, m: int,
     clean_old = node_to_new >= 0
     clean_old &= ~dirty[np.maximum(node_to_new, 0)]
     degree = np.diff(crow)
+    clean_col = clean_old[col]
     keep = np.repeat(clean_old, degree)
-    keep &= clean_old[col]
+    keep &= clean_col
     kept_col = node_to_new[col[keep]]
     kept_val = val[keep].astype(np.float32, copy=False)
-    kept_per_old = np.add.reduceat(np.append(keep, False), crow[:-1], dtype=np.int64) \
-        if n_old else np.zeros(0, np.int64)
-    kept_per_old[degree == 0] = 0  # reduceat reads one element for an empty row
+    # a clean row keeps all but its entries into unclean columns (few: they touch the change)
+    lost = np.flatnonzero(~clean_col)
+    kept_per_old = degree - np.bincount(np.searchsorted(crow, lost, side="right") - 1,
+                                        minlength=n_old)
     kept_count = np.zeros(n, dtype=np.int64)
     kept_count[node_to_new[clean_old]] = kept_per_old[clean_old]
 
@@ -319,15 +323,30 @@ def patch_graph(old: torch.Tensor, node_to_new: np.ndarray, n: int, m: int,
         return make_csr(torch.from_numpy(crow_new), torch.from_numpy(kept_col.astype(np.int64)),
                         torch.from_numpy(kept_val), n)
     f_row = np.repeat(np.arange(n, dtype=np.int64), f_count)
-    kept_key = np.repeat(np.arange(n, dtype=np.int64), kept_count)
-    kept_key *= n
-    kept_key += kept_col
-    at = np.searchsorted(kept_key, f_row * n + f_col)
-    del kept_key
+    kept_ptr = crow_new[:-1] - np.concatenate([[0], np.cumsum(f_count)[:-1]])  # [n]
+    at = _lower_bound_in_rows(kept_col, kept_ptr[f_row], kept_ptr[f_row] + kept_count[f_row],
+                              f_col)
     out_col = np.insert(kept_col.astype(np.int64, copy=False), at, f_col)
     out_val = np.insert(kept_val, at, f_val.astype(np.float32, copy=False))
     return make_csr(torch.from_numpy(crow_new), torch.from_numpy(out_col),
                     torch.from_numpy(out_val), n)
+
+
+def _lower_bound_in_rows(cols: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                         x: np.ndarray) -> np.ndarray:
+    """For each query i, the first position p in [lo[i], hi[i]) with cols[p] >= x[i] (hi[i]
+    if none), where each cols[lo[i]:hi[i]] is sorted: one binary search per query, all run
+    together (about log2 of the longest range numpy passes over the queries only)."""
+    lo, hi = lo.copy(), hi.copy()
+    last = max(len(cols) - 1, 0)
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi) // 2
+        below = open_ & (cols[np.minimum(mid, last)] < x)
+        lo = np.where(below, mid + 1, lo)
+        hi = np.where(open_ & ~below, mid, hi)
 
 
 def edge_counts(elements: GraphElements, phrase_pair_keys: int, passage_pairs: int) -> dict:
