@@ -251,10 +251,13 @@ def update_synonym_rows(
     if backend == "ivf-join":  # the affected rows are few: search them exactly
         backend = "torch"
     vectors = new_emb.float().to(device) if backend == "torch" else new_emb.float()
-    # [B, M] similarities per batch: B from a byte budget (8192 rows at 8.55M phrases would be
-    # 280 GB; a commit's affected rows are few, but a delete of a hub passage can reach many)
-    batch = max(1, _KNN_BATCH_BYTES // (4 * max(m, 1)))
-    scores, ids = knn(vectors, k, backend=backend, rows=rows, query_batch=batch)
+    if backend == "torch":  # a few rows against all M: column chunks, a running top-k (memory
+        es, ei = exact_topk(vectors, rows, k, column_chunk=1 << 16)  # R x (k + chunk))
+        scores, ids = torch.from_numpy(es), torch.from_numpy(ei)
+    else:  # [B, M] similarities per batch, B from a byte budget (8192 rows at 8.55M phrases
+        # would be 280 GB; a commit's affected rows are few, a hub passage's delete many)
+        batch = max(1, _KNN_BATCH_BYTES // (4 * max(m, 1)))
+        scores, ids = knn(vectors, k, backend=backend, rows=rows, query_batch=batch)
     fresh = select_synonym_edges(new_phrases, scores, ids, cfg, rows=rows)
     return kept, fresh, rows
 
