@@ -43,7 +43,6 @@ the net change. `tests/test_chain.py` checks the result against the sequential r
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +64,7 @@ from hippo_gpu.index import Index
 from hippo_gpu.placed_rows import PendingRows
 from hippo_gpu.store import IndexFormatError
 from hippo_gpu.synonyms import SynonymEdges
+from hippo_gpu.tables import sorted_position
 
 __all__ = ["Segment", "expected_counts", "replay", "replay_chain"]
 
@@ -191,11 +191,11 @@ class _Base:
 
     def phrase_pos(self, s: str) -> tuple[int, bool]:
         """(bisect position, whether the base holds `s` there)."""
-        b = bisect.bisect_left(self.phrases, s)  # type: ignore[arg-type]
+        b = sorted_position(self.phrases, s)
         return b, b < len(self.phrases) and self.phrases[b] == s
 
     def _row(self, table: Sequence[str], s: str) -> int:
-        b = bisect.bisect_left(table, s)  # type: ignore[arg-type]
+        b = sorted_position(table, s)
         return b if b < len(table) and table[b] == s else -1
 
     def uses_of_triples(self, triples: Sequence[Triple]) -> _Uses:
@@ -374,7 +374,7 @@ def replay_chain(index: Index, chain: Sequence[tuple[int, Segment]], *, path: Pa
                walk.phrases.is_alive(b._row(b.phrases, s), s)]
     back_f = [t for t in walk.fact_vec if t not in walk.facts.extra and
               walk.facts.is_alive(_fact_row(b, t), t)]
-    _override(new.phrase_emb, np.array([bisect.bisect_left(plan.phrases, s)  # type: ignore
+    _override(new.phrase_emb, np.array([sorted_position(plan.phrases, s)
                                         for s in back_ph], dtype=np.int64),
               pick([walk.phrase_vec[s] for s in back_ph], "phrases"))
     _override(new.fact_emb, _plan_fact_rows(plan, back_f),
@@ -392,8 +392,8 @@ def _fact_row(b: _Base, t: Triple) -> int:
 def _plan_fact_rows(plan, facts: Sequence[Triple]) -> np.ndarray:  # type: ignore[no-untyped-def]
     if not facts:
         return np.zeros(0, np.int64)
-    q = np.array([[bisect.bisect_left(plan.phrases, s), bisect.bisect_left(plan.predicates, p),
-                   bisect.bisect_left(plan.phrases, o)] for s, p, o in facts], dtype=np.int64)
+    q = np.array([[sorted_position(plan.phrases, s), sorted_position(plan.predicates, p),
+                   sorted_position(plan.phrases, o)] for s, p, o in facts], dtype=np.int64)
     return lex_search(plan.spo, q, len(plan.phrases), len(plan.predicates))
 
 
@@ -410,7 +410,7 @@ def _composed_synonyms(walk: _Walk, phrases: Sequence[str], path: Path,
                        version: int) -> SynonymUpdate:
     """The chain's synonym lists as one update of the base (module docstring, Synonyms)."""
     def row(s: str) -> int:
-        r = bisect.bisect_left(phrases, s)  # type: ignore[arg-type]
+        r = sorted_position(phrases, s)
         if r >= len(phrases) or phrases[r] != s:
             raise IndexFormatError(f"{path}: the segments up to {version} keep a synonym of a "
                                    "phrase no passage uses")

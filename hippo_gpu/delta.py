@@ -43,7 +43,6 @@ passes over the adjacency): no Python object and no sort per unchanged phrase, f
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -63,7 +62,7 @@ from hippo_gpu.synonyms import (
     resolve_knn_backend,
     update_synonym_rows,
 )
-from hippo_gpu.tables import FactTable, PassageTriples, StringTable
+from hippo_gpu.tables import FactTable, PassageTriples, StringTable, sorted_position
 
 __all__ = ["Change", "NewVectors", "Plan", "SynonymUpdate", "apply_change", "change_counts",
            "lex_search", "new_texts", "plan_change"]
@@ -138,7 +137,7 @@ def _merge_sorted(old: Sequence[str], alive: np.ndarray,
     alive = alive.copy()
     fresh: list[tuple[int, str]] = []  # (bisect position in the old table, string)
     for s in wanted:
-        b = bisect.bisect_left(old, s)  # type: ignore[arg-type]
+        b = sorted_position(old, s)
         if b < n and old[b] == s:
             alive[b] = True
         else:
@@ -255,7 +254,7 @@ def plan_change(base: Index, change: Change) -> Plan:
 def _row_lookup(table: Sequence[str]) -> Callable[[str], int]:
     """Row of a string known to be in the sorted `table` (binary search)."""
     def row(s: str) -> int:
-        return bisect.bisect_left(table, s)  # type: ignore[arg-type]
+        return sorted_position(table, s)
     return row
 
 

@@ -8,6 +8,7 @@ its fact rows in CSR form). Each compares equal to the list it stands for (`_Seq
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -68,7 +69,9 @@ class StringTable(_SequenceEq):
 
     @classmethod
     def open(cls, path: str | Path) -> StringTable:
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        # a plain ndarray over the map (it keeps the map alive): a memmap's own indexing makes
+        # a memmap object per element read, ~4x the cost of a row lookup (a bisect reads ~20)
+        mm = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
         try:
             n = int(mm[:8].view(np.int64)[0])
             offsets = mm[8:8 * (n + 2)].view(np.int64)
@@ -121,8 +124,23 @@ class StringTable(_SequenceEq):
         length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         return StringTable(np.concatenate([[0], np.cumsum(length)]).astype(np.int64), blob)
 
+    def bisect_left(self, s: str) -> int:
+        """bisect.bisect_left(self, s) for a sorted table, on the rows' UTF-8 bytes: byte order
+        is code point order (Python's str order), so no row is decoded."""
+        key = s.encode("utf-8")
+        off, blob = self._off.data, self._blob.data  # memoryviews: ints and bytes per index
+        lo, hi = 0, len(off) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if bytes(blob[off[mid]:off[mid + 1]]) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def _get(self, i: int) -> str:
-        return bytes(self._blob[self._off[i]:self._off[i + 1]]).decode("utf-8")
+        a, b = self._off[i:i + 2].tolist()
+        return str(self._blob.data[a:b], "utf-8")
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
         if isinstance(i, slice):
@@ -255,3 +273,10 @@ class KeyRows:
             keys = np.insert(keys, at, new[order])
             rows = np.insert(rows, at, num_kept + order.astype(np.int64))
         return KeyRows(keys, rows)
+
+
+def sorted_position(table: Sequence[str], s: str) -> int:
+    """bisect.bisect_left(table, s) for a sorted `table`; a StringTable by its own search."""
+    if isinstance(table, StringTable):
+        return table.bisect_left(s)
+    return bisect.bisect_left(table, s)  # type: ignore[arg-type]

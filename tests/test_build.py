@@ -240,7 +240,10 @@ def test_lazy_load_reads_texts_on_demand_and_ranks_as_the_eager_index(corpus_fil
     assert isinstance(eager.passage_texts, list)
     lazy = load_index(tmp_path / "idx", device="cpu")
     assert isinstance(lazy.passage_texts, StringTable)
-    assert isinstance(lazy.passage_texts._blob, np.memmap)  # mapped, not read
+    owner = lazy.passage_texts._blob  # mapped, not read: a view whose bases reach the map
+    while owner is not None and not isinstance(owner, np.memmap):
+        owner = owner.base
+    assert isinstance(owner, np.memmap)
     texts = list(eager.passage_texts)
     assert len(lazy.passage_texts) == len(texts)
     assert lazy.passage_texts[7] == texts[7] and lazy.passage_texts[-1] == texts[-1]
@@ -310,3 +313,27 @@ def test_a_build_without_the_basis_has_none(corpus_files, tmp_path) -> None:
     assert json.loads((out / "manifest.json").read_text())["config"]["ppr_basis"] is False
     loaded = load_index(out, device="cpu")
     assert loaded.basis is None and not loaded.config.ppr_basis
+
+
+def test_string_table_search_is_bisect_on_the_decoded_rows(tmp_path) -> None:
+    """StringTable's byte-wise search (tables.sorted_position) against bisect over the decoded
+    strings, on multi-byte text (UTF-8 byte order must be code point order), in memory and
+    memory-mapped from its file."""
+    import bisect
+    import random
+
+    from hippo_gpu.tables import sorted_position
+
+    rng = random.Random(0)
+    alphabet = ["a", "b", "z", " ", "\u00e9", "\u00e8", "\u4e2d", "\U0001f600", "0"]
+    words = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+                    for _ in range(400)})
+    table = StringTable.from_strings(words)
+    table.write(tmp_path / "t.strings")
+    mapped = StringTable.open(tmp_path / "t.strings")
+    probes = words + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+                      for _ in range(400)]
+    for t in (table, mapped):
+        assert [sorted_position(t, p) for p in probes] == \
+            [bisect.bisect_left(words, p) for p in probes]
+    assert list(mapped) == words
