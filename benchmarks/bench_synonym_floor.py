@@ -62,7 +62,12 @@ def main() -> None:
     import torch
 
     from hippo_gpu.config import GraphConfig
-    from hippo_gpu.synonyms import SynonymEdges, synonym_candidates_k, update_synonym_rows
+    from hippo_gpu.synonyms import (
+        BLOCK_ROWS,
+        SynonymEdges,
+        synonym_candidates_k,
+        update_synonym_rows,
+    )
     from hippo_gpu.vector_search import exact_topk
 
     cfg = GraphConfig(knn_backend="torch")
@@ -83,7 +88,7 @@ def main() -> None:
             whole.append(time.perf_counter() - t)
             affected = len(aff)
             t = time.perf_counter()
-            exact_topk(x, aff, synonym_candidates_k(cfg, m), column_chunk=1 << 16)
+            exact_topk(x, aff, synonym_candidates_k(cfg, m), column_chunk=BLOCK_ROWS)
             topk.append(time.perf_counter() - t)
         row = {"phrases": m, "changed": args.changed, "affected": affected,
                "update_ms": round(min(whole) * 1e3, 1), "topk_ms": round(min(topk) * 1e3, 1)}

@@ -253,9 +253,8 @@ class _Walk:
         self.fact_vec: dict[Triple, tuple[int, int]] = {}
         self.recomputed: dict[str, int] = {}  # phrase -> last segment that recomputed its list
         self.edges: list[tuple[list[str], list[str], np.ndarray]] = []  # per segment, by name
-        self.extra_pos: dict[str, int] = {}  # bisect position in the base of an added phrase
         self.extra_sorted: list[str] = []  # phrases.extra's keys in order, kept as they change
-        self.extra_sorted_pos: list[int] = []  # their extra_pos, in the same order
+        self.extra_sorted_pos: list[int] = []  # their bisect positions in the base, same order
 
     def uses(self, ids: np.ndarray) -> _Uses:
         base = ids[ids < self.p0]
@@ -316,10 +315,8 @@ class _Walk:
             i = bisect.bisect_left(self.extra_sorted, k)
             listed = i < len(self.extra_sorted) and self.extra_sorted[i] == k
             if k in self.phrases.extra and not listed:
-                if k not in self.extra_pos:
-                    self.extra_pos[k] = self.b.phrase_pos(k)[0]
                 self.extra_sorted.insert(i, k)
-                self.extra_sorted_pos.insert(i, self.extra_pos[k])
+                self.extra_sorted_pos.insert(i, self.b.phrase_pos(k)[0])
             elif listed and k not in self.phrases.extra:
                 del self.extra_sorted[i], self.extra_sorted_pos[i]
 

@@ -186,6 +186,9 @@ def sample_recall(edges: SynonymEdges, rows: np.ndarray, exact: SynonymEdges,
 # set a superset (recomputing an unaffected list changes nothing).
 _AFFECTED_MARGIN = 1e-4
 _KNN_BATCH_BYTES = 1 << 30  # update_synonym_rows: the [B, M] float32 similarities of one batch
+# update_synonym_rows: phrase rows per [C, B] product of the scan and per column chunk of the
+# affected rows' top-k (products that stay in cache)
+BLOCK_ROWS = 1 << 16
 
 
 def kept_synonyms(old: SynonymEdges, to_new: np.ndarray, affected: np.ndarray) -> SynonymEdges:
@@ -206,7 +209,7 @@ def kept_synonyms(old: SynonymEdges, to_new: np.ndarray, affected: np.ndarray) -
 def update_synonym_rows(
     to_new: np.ndarray, old: SynonymEdges, new_phrases: Sequence[str], new_emb: torch.Tensor,
     added: np.ndarray, removed_emb: torch.Tensor, cfg: GraphConfig, *,
-    backend: str, device: torch.device, chunk: int = 1 << 16,
+    backend: str, device: torch.device, chunk: int = BLOCK_ROWS,
 ) -> tuple[SynonymEdges, SynonymEdges, np.ndarray]:
     """The synonym edges after phrases were added and removed, recomputing only the phrases
     whose list can change. Returns (kept edges, recomputed edges, recomputed source rows), all
@@ -252,7 +255,7 @@ def update_synonym_rows(
         backend = "torch"
     vectors = new_emb.float().to(device) if backend == "torch" else new_emb.float()
     if backend == "torch":  # a few rows against all M: column chunks, a running top-k (memory
-        es, ei = exact_topk(vectors, rows, k, column_chunk=1 << 16)  # R x (k + chunk))
+        es, ei = exact_topk(vectors, rows, k, column_chunk=chunk)  # R x (k + chunk))
         scores, ids = torch.from_numpy(es), torch.from_numpy(ei)
     else:  # [B, M] similarities per batch, B from a byte budget (8192 rows at 8.55M phrases
         # would be 280 GB; a commit's affected rows are few, a hub passage's delete many)
