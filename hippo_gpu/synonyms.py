@@ -41,6 +41,7 @@ from hippo_gpu.progress import progress
 from hippo_gpu.vector_search import (
     APPROXIMATE_BACKENDS,
     AnnIndex,
+    RunningTopK,
     exact_topk,
     faiss_gpu_available,
     knn,
@@ -232,35 +233,50 @@ def update_synonym_rows(
     copied, with its rows renumbered (monotone, hippo_gpu.delta: each list keeps its order).
     The result equals a fresh `select_synonym_edges` on the new set, except where two
     neighbours tie exactly at the `synonym_max_neighbors` cut (then the kNN's tie order, which
-    depends on row numbers, decides in both). Cost: one [C, M] GEMM for the C changed phrases
-    and a kNN for the affected rows only.
+    depends on row numbers, decides in both). Cost: one [C, M] GEMM for the C changed phrases,
+    whose first rows (the added phrases) also give those rows' top-k, and a kNN for the other
+    affected rows only (on the torch backend; another backend searches all affected rows).
     """
     m = len(new_phrases)
     affected = np.zeros(m, dtype=bool)
     affected[added] = True
+    k = synonym_candidates_k(cfg, m)
+    if backend == "ivf-join":  # the affected rows are few: search them exactly
+        backend = "torch"
     changed = torch.cat([new_emb[torch.from_numpy(added)].float(),
-                         removed_emb.float()]).to(device)  # [C, D]
+                         removed_emb.float()]).to(device)  # [C, D]: the added rows first
+    base = new_emb.float().to(device)
+    # the added rows are affected whatever the scan finds, and their products with every
+    # phrase are the scan's first rows: on the torch backend their top-k is merged from the
+    # scan's blocks (vector_search.RunningTopK), so the phrase vectors are read once for them
+    fused = RunningTopK(len(added), k, device) if backend == "torch" and len(added) else None
     if changed.shape[0] and m:
-        base = new_emb.float().to(device)
         for start in range(0, m, chunk):  # [C, B] per block: the max runs along rows
-            best = (changed @ base[start:start + chunk].T).amax(dim=0)  # [B]
+            sim = changed @ base[start:start + chunk].T
             affected[start:start + chunk] |= \
-                (best >= cfg.synonym_threshold - _AFFECTED_MARGIN).cpu().numpy()
+                (sim.amax(dim=0) >= cfg.synonym_threshold - _AFFECTED_MARGIN).cpu().numpy()
+            if fused is not None:
+                fused.add(sim[:len(added)], start)
     kept = kept_synonyms(old, to_new, affected)
     rows = np.nonzero(affected)[0]
     if not len(rows):
         return kept, _no_edges(), rows
-    k = synonym_candidates_k(cfg, m)
-    if backend == "ivf-join":  # the affected rows are few: search them exactly
-        backend = "torch"
-    vectors = new_emb.float().to(device) if backend == "torch" else new_emb.float()
     if backend == "torch":  # a few rows against all M: column chunks, a running top-k (memory
-        es, ei = exact_topk(vectors, rows, k, column_chunk=chunk)  # R x (k + chunk))
+        # R x (k + chunk)); the added rows' from the scan, the rest (old phrases near a change)
+        rest = rows[~np.isin(rows, added)]
+        width = min(k, m)
+        es, ei = np.empty((len(rows), width), np.float32), np.empty((len(rows), width), np.int64)
+        parts = [(added, fused.result())] if fused is not None else []
+        if len(rest):
+            parts.append((rest, exact_topk(base, rest, k, column_chunk=chunk)))
+        for part, (part_s, part_i) in parts:  # rows is sorted and holds each part
+            at = np.searchsorted(rows, part)
+            es[at], ei[at] = part_s, part_i
         scores, ids = torch.from_numpy(es), torch.from_numpy(ei)
     else:  # [B, M] similarities per batch, B from a byte budget (8192 rows at 8.55M phrases
         # would be 280 GB; a commit's affected rows are few, a hub passage's delete many)
         batch = max(1, _KNN_BATCH_BYTES // (4 * max(m, 1)))
-        scores, ids = knn(vectors, k, backend=backend, rows=rows, query_batch=batch)
+        scores, ids = knn(new_emb.float(), k, backend=backend, rows=rows, query_batch=batch)
     fresh = select_synonym_edges(new_phrases, scores, ids, cfg, rows=rows)
     return kept, fresh, rows
 

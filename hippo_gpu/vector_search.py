@@ -185,25 +185,46 @@ def knn_recall(vectors: torch.Tensor, ids: torch.Tensor, *, sample: int = 1000,
     return float(hits.mean() / k)
 
 
+class RunningTopK:
+    """The top-k of some query rows over column blocks seen one at a time: each block's
+    [R, B] products give their own top-k, merged with the best so far (memory R x (k + B)).
+
+    Claim: the top-k of a union is the top-k of the union of each part's top-k (an entry
+    outside its part's top-k has k larger entries in that part), so merging block by block
+    gives the top-k over all columns seen, whatever the block sizes.
+    """
+
+    def __init__(self, rows: int, k: int, device: torch.device) -> None:
+        self.k = k
+        self.scores = torch.full((rows, 0), float("-inf"), device=device)
+        self.ids = torch.zeros((rows, 0), dtype=torch.int64, device=device)
+
+    def add(self, sim: torch.Tensor, start: int) -> None:
+        """Merge the products `sim` [R, B] of columns start .. start + B - 1."""
+        s, i = torch.topk(sim, min(self.k, sim.shape[1]), dim=1)
+        cat_s, cat_i = torch.cat([self.scores, s], 1), torch.cat([self.ids, i + start], 1)
+        top = torch.topk(cat_s, min(self.k, cat_s.shape[1]), dim=1).indices
+        self.scores, self.ids = cat_s.gather(1, top), cat_i.gather(1, top)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """([R, k] scores, [R, k] column ids), best first, on the CPU."""
+        return self.scores.cpu().numpy(), self.ids.cpu().numpy()
+
+
 def exact_topk(x: torch.Tensor, rows: np.ndarray, k: int,
                column_chunk: int = 1 << 15) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k inner products of x[rows] against all of x: ([R, k] scores, [R, k] ids).
 
-    Chunked over the columns (a running top-k is merged per chunk), so memory is
-    R x (k + column_chunk) whatever M is, and each chunk's products stay in cache (at 2.5M rows
-    of 64 floats, 20 query rows: 0.26 s against 0.41 s for knn's one [R, M] product and top-k,
-    the same ids and scores). Runs on the device of `x`; the results come back to the CPU.
+    Chunked over the columns (RunningTopK), so memory is R x (k + column_chunk) whatever M is,
+    and each chunk's products stay in cache (at 2.5M rows of 64 floats, 20 query rows: 0.26 s
+    against 0.41 s for knn's one [R, M] product and top-k, the same ids and scores). Runs on
+    the device of `x`; the results come back to the CPU.
     """
     q = x[torch.from_numpy(rows).to(x.device)]  # [R, D]
-    best_s = torch.full((len(rows), 0), float("-inf"), device=x.device)
-    best_i = torch.zeros((len(rows), 0), dtype=torch.int64, device=x.device)
+    top = RunningTopK(len(rows), k, x.device)
     for start in range(0, x.shape[0], column_chunk):
-        sim = q @ x[start:start + column_chunk].T  # [R, C]
-        s, i = torch.topk(sim, min(k, sim.shape[1]), dim=1)
-        cat_s, cat_i = torch.cat([best_s, s], 1), torch.cat([best_i, i + start], 1)
-        top = torch.topk(cat_s, min(k, cat_s.shape[1]), dim=1).indices
-        best_s, best_i = cat_s.gather(1, top), cat_i.gather(1, top)
-    return best_s.cpu().numpy(), best_i.cpu().numpy()
+        top.add(q @ x[start:start + column_chunk].T, start)
+    return top.result()
 
 
 class AnnIndex:

@@ -113,3 +113,56 @@ def test_symmetrize_adds_reverse_pairs_drops_ineligible_and_caps_by_score():
     # 0's candidates 1 (0.9), 2 (0.85), 3 (0.95): the best two; 3 gets 0 back; 2 gets nothing
     assert pairs == pytest.approx({(0, 3): 0.95, (0, 1): 0.9, (1, 0): 0.9, (3, 0): 0.95,
                                    (3, 2): 0.8})
+
+
+@pytest.mark.parametrize("max_neighbors", [8, 101])
+def test_synonym_update_equals_the_rule_on_the_changed_set(max_neighbors):
+    """update_synonym_rows (kept lists renumbered + recomputed ones; the added rows' top-k
+    merged from the scan's blocks, the other affected rows' from their own search) against
+    the walk over a float64 exact top-k of the whole changed set."""
+    from hippo_gpu.config import GraphConfig
+    from hippo_gpu.synonyms import select_synonym_edges, update_synonym_rows
+
+    cfg = GraphConfig(synonym_max_neighbors=max_neighbors)
+    g = torch.Generator().manual_seed(3)
+    centers = torch.randn(30, 32, generator=g)
+
+    def near(n):  # members of random clusters: cos ~0.9 within a cluster, ~0 across
+        c = centers[torch.randint(0, 30, (n,), generator=g)]
+        return torch.nn.functional.normalize(c + 0.3 * torch.randn(n, 32, generator=g), dim=1)
+
+    def rule(phrases, x):
+        k = min(cfg.synonym_max_neighbors + 2, len(phrases))
+        s, i = _reference(x, k)
+        return select_synonym_edges(phrases, torch.from_numpy(s).float(), torch.from_numpy(i), cfg)
+
+    old_x = near(600)
+    old_phrases = [f"phrase {i}" for i in range(600)]
+    removed = np.sort(np.random.default_rng(0).choice(600, 15, replace=False))
+    kept_old = np.setdiff1d(np.arange(600), removed)
+    # the new set: the kept old rows in order, 25 new ones inserted at random places
+    slots = np.sort(np.random.default_rng(1).choice(len(kept_old) + 25, 25, replace=False))
+    is_new = np.zeros(len(kept_old) + 25, dtype=bool)
+    is_new[slots] = True
+    added = np.nonzero(is_new)[0]
+    to_new = np.full(600, -1, dtype=np.int64)
+    to_new[kept_old] = np.nonzero(~is_new)[0]
+    new_x = torch.empty(len(is_new), 32)
+    new_x[~torch.from_numpy(is_new)] = old_x[torch.from_numpy(kept_old)]
+    new_x[torch.from_numpy(is_new)] = near(25)
+    new_phrases = [""] * len(is_new)
+    for r, o in zip(to_new[kept_old], kept_old):
+        new_phrases[r] = old_phrases[o]
+    for j, r in enumerate(added):
+        new_phrases[r] = f"new phrase {j}"
+
+    kept, fresh, rows = update_synonym_rows(
+        to_new, rule(old_phrases, old_x), new_phrases, new_x, added, old_x[removed], cfg,
+        backend="torch", device=torch.device("cpu"), chunk=64)  # 10 scan blocks
+    assert set(added) <= set(rows) and len(rows) > len(added) + 50  # old lists recomputed too
+    want = rule(new_phrases, new_x)
+    got = {(int(s), int(d)): float(w) for e in (kept, fresh)
+           for s, d, w in zip(e.src, e.dst, e.score)}
+    ref = {(int(s), int(d)): float(w) for s, d, w in zip(want.src, want.dst, want.score)}
+    assert got.keys() == ref.keys() and len(ref) > 1000
+    assert max(abs(got[p] - ref[p]) for p in ref) < 1e-5
