@@ -115,8 +115,11 @@ def test_symmetrize_adds_reverse_pairs_drops_ineligible_and_caps_by_score():
                                    (3, 2): 0.8})
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs CUDA"))])
 @pytest.mark.parametrize("max_neighbors", [8, 101])
-def test_synonym_update_equals_the_rule_on_the_changed_set(max_neighbors):
+def test_synonym_update_equals_the_rule_on_the_changed_set(max_neighbors, device):
     """update_synonym_rows (kept lists renumbered + recomputed ones; the added rows' top-k
     merged from the scan's blocks, the other affected rows' from their own search) against
     the walk over a float64 exact top-k of the whole changed set."""
@@ -158,7 +161,7 @@ def test_synonym_update_equals_the_rule_on_the_changed_set(max_neighbors):
 
     kept, fresh, rows = update_synonym_rows(
         to_new, rule(old_phrases, old_x), new_phrases, new_x, added, old_x[removed], cfg,
-        backend="torch", device=torch.device("cpu"), chunk=64)  # 10 scan blocks
+        backend="torch", device=torch.device(device), chunk=64)  # 10 scan blocks
     assert set(added) <= set(rows) and len(rows) > len(added) + 50  # old lists recomputed too
     want = rule(new_phrases, new_x)
     got = {(int(s), int(d)): float(w) for e in (kept, fresh)
