@@ -614,3 +614,106 @@ def commit_on_a_full_filesystem(mnt: Path, base: Path, sample: dict) -> None:
                       build(sample, sample["corpus"][:20] + added))
     assert leftovers(d) == []
 
+
+
+def test_llm_cache_on_a_real_full_tmpfs_keeps_every_stored_result(tmp_path):
+    """SQLite writes through its own I/O (FullDisk cannot see it), so on a real 256 KiB tmpfs:
+    results stored until the disk is full; the one that did not fit raises DiskFullError naming
+    the cache file and is absent; every earlier one is there for a new reader; once space is
+    freed the same store succeeds. A cache created on a full disk raises DiskFullError too."""
+    from hippo_gpu.llm.cache import LLMCache
+
+    with small_tmpfs(tmp_path / "mnt", 256) as mnt:
+        path = mnt / "llm.sqlite"
+        cache = LLMCache(path)
+        filler = fill(mnt, leave=16 * 4096)
+        stored: list[str] = []
+        with pytest.raises(DiskFullError) as info:
+            for i in range(1000):
+                cache.put_ok(f"k{i}", "openie", {"triples": f"{i} " + "x" * 2000})
+                stored.append(f"k{i}")
+        assert info.value.path == str(path) and str(path) in str(info.value)
+        assert "no space left" in str(info.value) and "{" not in str(info.value)
+        failed = f"k{len(stored)}"
+        assert 0 < len(stored) < 1000 and cache.get(failed) is None
+        with LLMCache(path) as reader:
+            got = reader.get_many(stored)
+        assert sorted(got) == sorted(stored)
+        assert all(got[k].value["triples"].startswith(k[1:] + " ") for k in stored)
+        filler.unlink()
+        cache.put_ok(failed, "openie", {"triples": "late"})
+        assert cache.get_ok(failed) == {"triples": "late"}
+        assert cache.counts("openie") == {"ok": len(stored) + 1}
+        cache.close()
+        filler = fill(mnt)
+        with pytest.raises(DiskFullError) as info:
+            LLMCache(mnt / "new.sqlite")
+        assert info.value.path == str(mnt / "new.sqlite")
+        filler.unlink()
+
+
+def test_extraction_on_a_full_tmpfs_stops_with_the_cache_named_and_a_rerun_resumes(tmp_path):
+    """extract_openie on a full disk: DiskFullError naming the cache (not a passage failure);
+    once space is freed the rerun finishes from the results cached before the disk ran out."""
+    from hippo_gpu.llm.extract import extract_openie
+    from tests.llm.test_extract import CORPUS, RecordedBackend, recorded
+
+    with small_tmpfs(tmp_path / "mnt", 256) as mnt:
+        cache = mnt / "openie.cache.sqlite"
+        first = RecordedBackend(recorded)
+        extract_openie(CORPUS[:1], first, None, cache_path=cache, show_progress=False)
+        filler = fill(mnt)
+        with pytest.raises(DiskFullError) as info:
+            extract_openie(CORPUS, RecordedBackend(recorded), None, cache_path=cache,
+                           show_progress=False)
+        assert info.value.path == str(cache)
+        filler.unlink()
+        again = RecordedBackend(recorded)
+        report = extract_openie(CORPUS, again, tmp_path / "openie.json", cache_path=cache,
+                                show_progress=False)
+        assert report.cached == 1 and (report.done, report.failed) == (1, 1)
+        assert not any("Alpha" in r.messages[-1]["content"] for r in again.requests)
+
+
+def test_parquet_answers_on_a_real_full_tmpfs_fail_cleanly_and_resume(searcher, tmp_path):
+    """pyarrow writes Parquet through its own I/O (FullDisk cannot see it), so on a real
+    256 KiB tmpfs with a filler leaving 0, 1, 2 ... pages: each run of retrieve_file to a
+    .parquet OUT either finishes or raises DiskFullError naming a file under OUT's folder;
+    with the space back the rerun finishes, and OUT holds every row once, as a clean run's.
+    The sweep runs until a run finishes, and must have met the full disk both at a part and
+    at the Parquet join."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [{"id": i, "query": q} for i, q in enumerate(
+        ["Who designed the lighthouse on Skerrow?", "Which river flows north?",
+         "Who founded the college?", "Where was the tidal clock invented?"] * 6)]
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kw = {"mode": "hipporag2", "top_k": 5, "batch_size": 4, "part_size": 4,
+          "show_progress": False}
+    clean = tmp_path / "clean.parquet"
+    retrieve_file(searcher, queries, clean, **kw)
+    want = pq.read_table(clean).to_pylist()
+    failed_at: list[str] = []
+    with small_tmpfs(tmp_path / "mnt", 256) as mnt:
+        out = mnt / "out" / "answers.parquet"
+        for pages in range(64):
+            shutil.rmtree(out.parent, ignore_errors=True)
+            out.parent.mkdir()
+            filler = fill(mnt, leave=pages * 4096)
+            try:
+                retrieve_file(searcher, queries, out, **kw)
+                finished = True
+            except DiskFullError as e:
+                finished = False
+                assert Path(e.path).is_relative_to(out.parent), e.path
+                assert str(e).startswith(e.path) and "no space left" in str(e)
+                failed_at.append(Path(e.path).name)
+            filler.unlink()
+            if not finished:
+                retrieve_file(searcher, queries, out, **kw)
+            assert pq.read_table(out).to_pylist() == want
+            assert not list(out.parent.glob(".*.tmp-*"))
+            if finished:
+                break
+    assert finished, failed_at
+    assert out.name in failed_at and any(n.startswith("part-") for n in failed_at), failed_at

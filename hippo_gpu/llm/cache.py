@@ -6,13 +6,17 @@ most the requests in flight; WAL mode keeps the file readable by other processes
 Failures are stored too (`status = "failed"`, with the reason) so a run can report them, but
 `get_ok` ignores them: the next run retries every failed entry.
 
-Values are stored as JSON text.
+Values are stored as JSON text. A full disk (SQLite's SQLITE_FULL) raises DiskFullError naming the
+cache file: the result being stored is not cached, every result committed before stays (each
+is its own transaction), and a rerun once there is space resumes from them.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import shutil
 import sqlite3
 import threading
 import time
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.errors import DiskFullError, HippoGpuError
 from hippo_gpu.llm.backends import canonical_json
 
 _SCHEMA = """
@@ -40,6 +44,29 @@ CREATE TABLE IF NOT EXISTS results (
 
 class CacheError(HippoGpuError, RuntimeError):
     """The cache file cannot be opened or is not a hippo_gpu LLM cache."""
+
+
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10  # SQLite's primary result codes (sqlite3.SQLITE_*)
+_LOW_SPACE = 1 << 20  # an I/O error on a filesystem with less free space than this: a full disk
+
+
+def _disk_full(path: str, error: sqlite3.Error) -> DiskFullError | None:
+    """The DiskFullError of a cache write that SQLite refused for want of space, else None:
+    SQLITE_FULL, or an I/O error (SQLite reports a WAL index it cannot size as
+    SQLITE_IOERR_SHMSIZE, without the errno) while the cache's filesystem is out of space."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None or (code & 0xFF) not in (_SQLITE_FULL, _SQLITE_IOERR):
+        return None
+    if code & 0xFF == _SQLITE_IOERR:
+        try:
+            if shutil.disk_usage(Path(path).parent).free >= _LOW_SPACE:
+                return None
+        except OSError:
+            return None
+    err = DiskFullError(f"{path}: no space left on device; this LLM result was not cached (the "
+                        "results cached before are kept): free some space and run again")
+    err.errno, err.path = errno.ENOSPC, path
+    return err
 
 
 def cache_key(task: str, template: str, model: str, params: dict[str, Any], content: str) -> str:
@@ -98,7 +125,8 @@ class LLMCache:
             self._db.execute(_SCHEMA)
             self._db.commit()
         except sqlite3.DatabaseError as e:
-            raise CacheError(f"cannot open LLM cache {self.path}: {e}") from e
+            raise _disk_full(self.path, e) or \
+                CacheError(f"cannot open LLM cache {self.path}: {e}") from e
         self._lock = threading.Lock()
 
     def get(self, key: str) -> CacheEntry | None:
@@ -162,16 +190,27 @@ class LLMCache:
         completion_tokens: int,
     ) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO results (key, task, status, value, error, prompt_tokens,"
-                " completion_tokens, attempts, updated) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)"
-                " ON CONFLICT(key) DO UPDATE SET status=excluded.status, value=excluded.value,"
-                " error=excluded.error, prompt_tokens=excluded.prompt_tokens,"
-                " completion_tokens=excluded.completion_tokens,"
-                " attempts=results.attempts + 1, updated=excluded.updated",
-                (key, task, status, value, error, prompt_tokens, completion_tokens, time.time()),
-            )
-            self._db.commit()
+            try:
+                self._insert(key, task, status, value, error, prompt_tokens, completion_tokens)
+            except sqlite3.OperationalError as e:
+                full = _disk_full(self.path, e)
+                if full is None:
+                    raise
+                self._db.rollback()
+                raise full from e
+
+    def _insert(self, key: str, task: str, status: str, value: str | None, error: str | None,
+                prompt_tokens: int, completion_tokens: int) -> None:
+        self._db.execute(
+            "INSERT INTO results (key, task, status, value, error, prompt_tokens,"
+            " completion_tokens, attempts, updated) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)"
+            " ON CONFLICT(key) DO UPDATE SET status=excluded.status, value=excluded.value,"
+            " error=excluded.error, prompt_tokens=excluded.prompt_tokens,"
+            " completion_tokens=excluded.completion_tokens,"
+            " attempts=results.attempts + 1, updated=excluded.updated",
+            (key, task, status, value, error, prompt_tokens, completion_tokens, time.time()),
+        )
+        self._db.commit()
 
     def counts(self, task: str | None = None) -> dict[str, int]:
         """Number of entries by status (optionally for one task)."""
