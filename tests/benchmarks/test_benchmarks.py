@@ -45,6 +45,17 @@ def test_gpu_retrieval_check_skips_without_cuda(tmp_path):
 
 
 @no_cuda
+def test_synonym_floor_on_cuda_skips_without_cuda(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_synonym_floor", "--device", "cuda",
+         "--phrases", "1000", "--allow-dirty", "--results", str(tmp_path / "r.jsonl")],
+        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "SKIP: " in out.stdout and "CUDA" in out.stdout and "PASS" not in out.stdout
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@no_cuda
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                     reason="needs bash and coreutils timeout")
 @pytest.mark.parametrize("dry", ["0", "1"])
