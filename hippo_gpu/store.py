@@ -14,15 +14,14 @@ Layout of an index directory DIR:
     DIR/s000008/          a segment: what one commit changed since the version before it
                           (change.safetensors, change.json; hippo_gpu.versions), replayed on
                           the base by a load
-
-Loading is lazy: safetensors files are memory-mapped (copy-on-write, so a tensor is writable
-in the reader's process without touching the file) and a `.strings` file (int64 n, int64
-offsets[n + 1], UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on
-access. A 1M-passage base therefore loads in the time of its checksums, and a passage text
-is decoded only when something reads it. Format version 4 (this one) added segments; version
-3 directories (one full version per commit) read as a base without segments, and version 2
-ones are refused with the command that rebuilds them.
     DIR/.writer.lock      the single-writer lock (flock; the OS releases it if a writer dies)
+
+Loading is lazy: safetensors files are memory-mapped (copy-on-write: a tensor is writable in the
+reader's process without touching the file) and a `.strings` file (int64 n, int64 offsets[n + 1],
+UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on access, so a 1M-passage
+base loads in the time of its checksums (sha256_files: up to 4 files hashed at a time). Format 4
+(this one) added segments; format 3 (one full version per commit) reads as a base without
+segments, format 2 is refused with the command that rebuilds it.
 
 A commit (`write_segment`) or a compaction (`write_version`: a new base, no segments) writes
 its directory under a temporary name, fsyncs every file, renames it to sNNNNNN or vNNNNNN,
@@ -57,6 +56,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,12 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_files(paths: Sequence[Path]) -> list[str]:
+    """sha256_file of each path, up to 4 files at a time (hashlib releases the GIL)."""
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+        return list(pool.map(sha256_file, paths))
 
 
 def disk_full(path: str | Path, error: OSError) -> DiskFullError:
@@ -574,11 +580,12 @@ def read_index_dir(
 def _read_files(root: Path, files: dict[str, Any], verify: bool) -> Files:
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     tables: dict[str, Any] = {}
-    for name, meta in files.items():
-        path = root / name
-        if not path.exists():
-            raise IndexFormatError(f"{path}: missing (listed in {MANIFEST})")
-        if verify and sha256_file(path) != meta.get("sha256"):
+    paths = [root / name for name in files]
+    if missing := [p for p in paths if not p.exists()]:
+        raise IndexFormatError(f"{missing[0]}: missing (listed in {MANIFEST})")
+    digests = sha256_files(paths) if verify else [None] * len(paths)
+    for (name, meta), digest, path in zip(files.items(), digests, paths):
+        if verify and digest != meta.get("sha256"):
             raise IndexFormatError(
                 f"{path}: checksum mismatch, the file is corrupt or was modified; "
                 "rebuild the index")
