@@ -452,15 +452,23 @@ def searcher(sample: dict) -> Searcher:
     return Searcher(build(sample, sample["corpus"]))
 
 
+QUESTIONS = ["Who designed the lighthouse on Skerrow?", "Which river flows north?",
+             "Who founded the college?", "Where was the tidal clock invented?"]
+
+
+def query_file(tmp_path: Path, repeat: int) -> tuple[list[dict], Path]:
+    """QUESTIONS `repeat` times as a JSONL query file with ids: (rows, path)."""
+    rows = [{"id": i, "query": q} for i, q in enumerate(QUESTIONS * repeat)]
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows, queries
+
+
 def test_retrieve_parts_resume_after_a_full_disk_at_every_write(searcher, tmp_path):
     """retrieve_file failing at each write (run file, parts, the join): the rerun with space
     answers only the rows no committed part holds, and OUT has every id exactly once, in
     order, with the keys of an undisturbed run."""
-    rows = [{"id": i, "query": q} for i, q in enumerate(
-        ["Who designed the lighthouse on Skerrow?", "Which river flows north?",
-         "Who founded the college?", "Where was the tidal clock invented?"] * 3)]
-    queries = tmp_path / "queries.jsonl"
-    queries.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows, queries = query_file(tmp_path, 3)
     kw = {"mode": "hipporag2", "top_k": 3, "batch_size": 3, "part_size": 3,
           "show_progress": False}
     clean = tmp_path / "clean" / "out.jsonl"
@@ -683,11 +691,7 @@ def test_parquet_answers_on_a_real_full_tmpfs_fail_cleanly_and_resume(searcher, 
     The sweep runs until a run finishes, and must have met the full disk both at a part and
     at the Parquet join."""
     pq = pytest.importorskip("pyarrow.parquet")
-    rows = [{"id": i, "query": q} for i, q in enumerate(
-        ["Who designed the lighthouse on Skerrow?", "Which river flows north?",
-         "Who founded the college?", "Where was the tidal clock invented?"] * 6)]
-    queries = tmp_path / "queries.jsonl"
-    queries.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows, queries = query_file(tmp_path, 6)
     kw = {"mode": "hipporag2", "top_k": 5, "batch_size": 4, "part_size": 4,
           "show_progress": False}
     clean = tmp_path / "clean.parquet"
