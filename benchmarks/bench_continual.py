@@ -70,7 +70,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=20,
                     help="--synthetic: single inserts and single deletes timed")
     ap.add_argument("--probe", type=int, default=250,
-                    help="--synthetic: measure load and query cost every this many commits")
+                    help="--synthetic: measure load and query cost every this many commits "
+                    "(0: never)")
     ap.add_argument("--seed", type=int, default=0, help="--synthetic: corpus seed")
     ap.add_argument("--phases", default="insert,delete,stream,compact,compare",
                     help="--synthetic: which of (b)-(f) run (insert always; at 1M: "

@@ -24,7 +24,9 @@ On hippo_gpu.synthetic's corpus of N + changes passages (musique_train's OpenIE 
 
 `--phases` picks among b-f (a always runs): at 1M passages the writer's version (~7 GB float32)
 and a commit's new one fill most of this machine's 24 GiB, so `--phases insert,delete` leaves out
-the probes' cold loads and query batches, the compaction and the second 1M build of (f). The build
+the probes' cold loads and query batches, the compaction and the second 1M build of (f);
+`--phases insert,compact --probe 0` times the compaction alone (no probe: a cold load beside the
+writer would not fit). The build
 (a) runs in a child process on every core (`build_threads` in the record: a one-off, not a
 figure compared with anything), so its peak (16.6 GB at 1M) is returned to the OS before the
 writer loads; with `--work DIR` the base is kept as hard links in DIR/base.pristine and a later run
@@ -228,7 +230,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         return {"load_s": round(load_s, 3), "hipporag2_ms_per_query": round(
             query_s / len(queries) * 1e3, 2)}
 
-    probing = bool(phases & {"stream", "compact"})
+    probing = bool(phases & {"stream", "compact"}) and probe > 0
     segments = len(ins_t) + len(del_t)
     drift = [{"segments": segments, **probe_costs()}] if probing else []
     st_t: list[float] = []
@@ -238,7 +240,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         w.insert_docs([passages[i]], [docs[i]])
         w.commit()
         st_t.append(time.perf_counter() - t)
-        if j % probe == 0 or j == stream:
+        if probing and (j % probe == 0 or j == stream):
             drift.append({"segments": segments + j, **probe_costs()})
             print(f"(d) {j} inserts: {drift[-1]}")
     compact_s: float | None = None
@@ -248,7 +250,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         t = time.perf_counter()
         compacted = w.compact()
         compact_s = time.perf_counter() - t
-        after = {"segments": 0, **probe_costs()}
+        after = {"segments": 0, **probe_costs()} if probing else {}
         print(f"(e) compact {compact_s:.1f} s {w.last_compaction}; after {after}")
     w.close()
     if "compare" in phases:
