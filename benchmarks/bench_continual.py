@@ -72,6 +72,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--probe", type=int, default=250,
                     help="--synthetic: measure load and query cost every this many commits "
                     "(0: never)")
+    ap.add_argument("--no-cold-load", action="store_true",
+                    help="--synthetic: probes time the query batch only, no cold load (at 1M a "
+                    "second loaded copy beside the writer does not fit in 24 GiB)")
     ap.add_argument("--seed", type=int, default=0, help="--synthetic: corpus seed")
     ap.add_argument("--phases", default="insert,delete,stream,compact,compare",
                     help="--synthetic: which of (b)-(f) run (insert always; at 1M: "
