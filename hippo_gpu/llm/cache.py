@@ -6,9 +6,9 @@ most the requests in flight; WAL mode keeps the file readable by other processes
 Failures are stored too (`status = "failed"`, with the reason) so a run can report them, but
 `get_ok` ignores them: the next run retries every failed entry.
 
-Values are stored as JSON text. A full disk (SQLite's SQLITE_FULL) raises DiskFullError naming the
-cache file: the result being stored is not cached, every result committed before stays (each
-is its own transaction), and a rerun once there is space resumes from them.
+Values are stored as JSON text. A full disk raises DiskFullError naming the cache file
+(`_disk_full`): the result being stored is not cached, every result committed before stays
+(each is its own transaction), and a rerun once there is space resumes from them.
 """
 
 from __future__ import annotations
