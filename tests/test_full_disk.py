@@ -721,3 +721,40 @@ def test_parquet_answers_on_a_real_full_tmpfs_fail_cleanly_and_resume(searcher, 
                 break
     assert finished, failed_at
     assert out.name in failed_at and any(n.startswith("part-") for n in failed_at), failed_at
+
+
+def test_extract_output_fails_cleanly_at_every_write_and_a_rerun_writes_it(tmp_path):
+    """extract_openie's JSON (written through write_atomic) failing at each write: DiskFullError
+    naming the file, no temporary file left, no partial file at OUT; the rerun with space
+    writes the same file as an undisturbed run, from the cache (only the passage that failed,
+    which every run retries, is asked of the LLM again)."""
+    from hippo_gpu.llm.extract import extract_openie
+    from tests.llm.test_extract import CORPUS, RecordedBackend, _passage_of, recorded
+
+    cache = tmp_path / "cache.sqlite"  # outside the failing folders: only the JSON fails
+    clean = tmp_path / "clean" / "openie.json"
+    clean.parent.mkdir()
+    ops = count_writes(clean.parent, lambda: extract_openie(
+        CORPUS, RecordedBackend(recorded), clean, cache_path=cache, show_progress=False))
+    want = clean.read_bytes()
+    assert {generic(op) for op in ops} == {  # the temporary file, its rename, the folder
+        "open .openie.json.tmp-*", "write .openie.json.tmp-*", "fsync .openie.json.tmp-*",
+        "replace .openie.json.tmp-* -> openie.json", "fsync ."}, ops
+    for k in distinct_steps(ops):
+        out = tmp_path / f"k{k}" / "openie.json"
+        out.parent.mkdir()
+        backend = RecordedBackend(recorded)
+        with FullDisk(out.parent, fail_at=k):
+            try:
+                extract_openie(CORPUS, backend, out, cache_path=cache, show_progress=False)
+                raised = False
+            except DiskFullError as e:
+                raised = True
+                assert str(e).startswith(f"{out}: no space left on device"), str(e)
+        # only a failed fsync of the folder after the rename goes unreported (it is logged)
+        assert raised == (k < len(ops)), (k, ops[k - 1])
+        assert not list(out.parent.glob(".*.tmp-*"))
+        assert not out.exists() or out.read_bytes() == want
+        extract_openie(CORPUS, backend, out, cache_path=cache, show_progress=False)
+        assert out.read_bytes() == want  # only the passage whose NER fails is asked again
+        assert {_passage_of(r).split("\n", 1)[0] for r in backend.requests} == {"Epsilon"}
