@@ -7,7 +7,8 @@ On hippo_gpu.synthetic's corpus of N + changes passages (musique_train's OpenIE 
 
 (a) build the index of the first N passages (a one-off, beside the per-change figures);
 (b) `--repeat` single-passage inserts, one commit each (one long-lived writer, no compaction):
-    ms p50 / p99 and the stage breakdown of the median one;
+    ms p50 / p99 and the stage breakdown of the median one, the writer's open and its first two
+    commits (warm-up: `_ms`) apart;
 (c) `--repeat` single-passage deletes of random passages, the same;
 (d) a stream of `--stream` single-passage inserts, one commit each, no compaction: inserts/s,
     and every `--probe` commits the cost of a cold `load_index` of the directory (the base and
