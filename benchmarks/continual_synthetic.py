@@ -8,7 +8,7 @@ On hippo_gpu.synthetic's corpus of N + changes passages (musique_train's OpenIE 
 (a) build the index of the first N passages (a one-off, beside the per-change figures);
 (b) `--repeat` single-passage inserts, one commit each (one long-lived writer, no compaction):
     ms p50 / p99 and the stage breakdown of the median one, the writer's open and its first two
-    commits (warm-up: `_ms`) apart;
+    commits (warm-up: `_ms`) apart, and every commit's time and stages (`_each_commit`);
 (c) `--repeat` single-passage deletes of random passages, the same;
 (d) a stream of `--stream` single-passage inserts, one commit each, no compaction: inserts/s,
     and every `--probe` commits the cost of a cold `load_index` of the directory (the base and
@@ -66,6 +66,12 @@ def _ms(xs: list[float]) -> dict[str, Any]:
             "p99_ms": round(quantile(xs, 0.99) * 1e3, 1), "n": len(xs),
             "warmup_ms": [round(x * 1e3, 1) for x in xs[:WARMUP]],
             "p99_after_warmup_ms": round(quantile(rest, 0.99) * 1e3, 1)}
+
+
+def _each_commit(times: list[float], stages: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Every commit's seconds and its stages over 10 ms, in order (where a tail comes from)."""
+    return [{"s": round(t, 3), **{k: round(v, 3) for k, v in st.items() if v >= 0.01}}
+            for t, st in zip(times, stages)]
 
 
 def _median_stages(times: list[float], stages: list[dict[str, float]]) -> dict[str, float]:
@@ -274,6 +280,8 @@ def run(args: Any, git: dict[str, Any]) -> None:
         "insert": _ms(ins_t), "insert_stages": _median_stages(ins_t, ins_st),
         "delete": _ms(del_t) if del_t else None,
         "delete_stages": _median_stages(del_t, del_st) if del_t else None,
+        "insert_commits": _each_commit(ins_t, ins_st),
+        "delete_commits": _each_commit(del_t, del_st),
         "stream": {"inserts": stream, **_ms(st_t),
                    "inserts_per_s": round(len(st_t) / max(sum(st_t), 1e-9), 2)} if st_t else None,
         "drift": drift, "compact_s": None if compact_s is None else round(compact_s, 2),
