@@ -55,17 +55,19 @@ from benchmarks.common import RESULTS, append_result_or_exit, cpu_model, provena
 WARMUP = 2  # a writer's first commits: they first touch the two versions a commit holds at once
 
 
-def _ms(xs: list[float]) -> dict[str, Any]:
-    """p50 / p99 of commit times, with the WARMUP first ones also apart: a writer's first two
-    commits allocate a new version beside the loaded one, then the next beside that, and the
-    kernel faults those pages in (compacting memory for the huge pages the embedding copies ask
-    for, beside a page cache full of the index); later commits get the memory the dropped
-    versions freed. A p99 over 10-20 commits would otherwise report that one-off as the tail."""
-    rest = xs[WARMUP:] or xs
-    return {"p50_ms": round(quantile(xs, 0.5) * 1e3, 1),
-            "p99_ms": round(quantile(xs, 0.99) * 1e3, 1), "n": len(xs),
-            "warmup_ms": [round(x * 1e3, 1) for x in xs[:WARMUP]],
-            "p99_after_warmup_ms": round(quantile(rest, 0.99) * 1e3, 1)}
+def _ms(xs: list[float], warmup: int = 0) -> dict[str, Any]:
+    """p50 / p99 of commit times; with `warmup` (the writer's first phase: WARMUP) those first
+    commits also apart and the p99 over the rest. A writer's first two commits allocate a new
+    version beside the loaded one, then the next beside that, and the kernel faults those pages
+    in (compacting memory for the huge pages the embedding copies ask for, beside a page cache
+    full of the index); later commits get the memory the dropped versions freed. A p99 over
+    10-20 commits would otherwise report that one-off as the tail."""
+    out: dict[str, Any] = {"p50_ms": round(quantile(xs, 0.5) * 1e3, 1),
+                           "p99_ms": round(quantile(xs, 0.99) * 1e3, 1), "n": len(xs)}
+    if warmup:
+        out["warmup_ms"] = [round(x * 1e3, 1) for x in xs[:warmup]]
+        out["p99_after_warmup_ms"] = round(quantile(xs[warmup:] or xs, 0.99) * 1e3, 1)
+    return out
 
 
 def _each_commit(times: list[float], stages: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -228,7 +230,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         w.commit()
         del_t.append(time.perf_counter() - t)
         del_st.append(w.last_change.stage_seconds)
-    print(f"(b) insert {_ms(ins_t)}" + (f"  (c) delete {_ms(del_t)}" if del_t else ""))
+    print(f"(b) insert {_ms(ins_t, WARMUP)}" + (f"  (c) delete {_ms(del_t)}" if del_t else ""))
 
     def probe_costs() -> dict[str, float]:
         out = {}
@@ -277,7 +279,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         "build_threads": BUILD_THREADS, "writer_open_s": round(open_s, 2),
         "synonym_knn": "exact (torch)" if args.exact_synonyms else "default",
         "phases": [x for x in PHASES if x in phases], "loadavg": os.getloadavg(),
-        "insert": _ms(ins_t), "insert_stages": _median_stages(ins_t, ins_st),
+        "insert": _ms(ins_t, WARMUP), "insert_stages": _median_stages(ins_t, ins_st),
         "delete": _ms(del_t) if del_t else None,
         "delete_stages": _median_stages(del_t, del_st) if del_t else None,
         "insert_commits": _each_commit(ins_t, ins_st),
