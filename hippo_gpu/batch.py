@@ -44,13 +44,13 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.durable_files import write_atomic
 from hippo_gpu.explanation import QueryExplanation
 from hippo_gpu.ircot import IRCoTOptions, IRCoTResult, ircot_retrieve
 from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
 from hippo_gpu.results import QueryFailure
 from hippo_gpu.search import Searcher
-from hippo_gpu.store import write_atomic
 
 __all__ = ["EXPLAIN_COLUMNS", "BatchReport", "QueryRow", "answer_rows", "check_row",
            "explain_columns", "read_query_rows", "retrieve_file", "write_answers"]

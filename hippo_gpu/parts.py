@@ -7,12 +7,12 @@ A job that writes one large output OUT keeps its progress in a folder beside it:
                               arguments, the input file's size and mtime, the index version),
                               and what the job saved when it started (the Ray job's chunk plan)
     OUT.parts/PART(n)         committed part n, in the job's own format (JSON Lines, Parquet)
-    OUT.parts/.NAME.tmp-*     a file whose writer died before its rename (store.write_atomic)
+    OUT.parts/.NAME.tmp-*     a file whose writer died before its rename (write_atomic)
 
 The rules, which together give every input row exactly once in OUT, in input order, however
 often a run is killed and rerun:
 - Part n holds exactly the rows that n stands for in this run (fixed by the identity and what
-  was saved with it) and is written by store.write_atomic, so it is complete or absent, and
+  was saved with it) and is written by durable_files.write_atomic, so it is complete or absent, and
   committing it twice writes the same rows under the same name.
 - A rerun with the same identity removes the temporary files and skips the committed numbers;
   one with another identity is refused, naming the keys that differ, as is a folder that holds
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from hippo_gpu.data import DataFormatError
-from hippo_gpu.store import naming_full_disk, write_atomic
+from hippo_gpu.durable_files import naming_full_disk, write_atomic
 
 __all__ = ["RunParts"]
 
-_TEMP = ".*.tmp-*"  # store.write_atomic's temporary names
+_TEMP = ".*.tmp-*"  # durable_files.write_atomic's temporary names
 
 
 class RunParts:
@@ -107,7 +107,7 @@ class RunParts:
         return content
 
     def commit(self, n: int, data: str | bytes | Callable[[Path], None]) -> None:
-        """Commit part n (store.write_atomic: text, bytes or a function writing the file)."""
+        """Commit part n (write_atomic: text, bytes or a function writing the file)."""
         write_atomic(self.path(n), data)
 
     def committed(self) -> frozenset[int]:

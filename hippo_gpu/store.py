@@ -19,7 +19,7 @@ Layout of an index directory DIR:
 Loading is lazy: safetensors files are memory-mapped (copy-on-write: a tensor is writable in the
 reader's process without touching the file) and a `.strings` file (int64 n, int64 offsets[n + 1],
 UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on access, so a 1M-passage
-base loads in the time of its checksums (sha256_files: up to 4 files hashed at a time). Format 4
+base loads in the time of its checksums (durable_files.sha256_files: up to 4 at a time). Format 4
 (this one) added segments; format 3 (one full version per commit) reads as a base without
 segments, format 2 is refused with the command that rebuilds it.
 
@@ -48,21 +48,26 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hippo_gpu.errors import DiskFullError, HippoGpuError
+from hippo_gpu.durable_files import (
+    fsync_path,
+    naming_full_disk,
+    sha256_file,
+    sha256_files,
+    umask,
+    write_atomic,
+)
+from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.safetensors_io import load_safetensors_mmap, save_safetensors_stream
 from hippo_gpu.tables import StringTable
 
@@ -75,7 +80,6 @@ MANIFEST = "manifest.json"
 WRITER_LOCK = ".writer.lock"
 READERS_LOCK = ".readers"
 _VERSION = re.compile(r"^[vs](\d{6})$")  # a base (vNNNNNN) or a segment (sNNNNNN)
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full filesystem or a spent quota
 
 # A commit's steps in order; `on_step(name)` is called before each (fault-injection tests kill
 # the writer there).
@@ -89,112 +93,6 @@ class IndexFormatError(HippoGpuError, ValueError):
 
 class WriterLockedError(HippoGpuError, RuntimeError):
     """Another writer holds the index directory's lock."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_files(paths: Sequence[Path]) -> list[str]:
-    """sha256_file of each path, up to 4 files at a time (hashlib releases the GIL)."""
-    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
-        return list(pool.map(sha256_file, paths))
-
-
-def disk_full(path: str | Path, error: OSError) -> DiskFullError:
-    """The DiskFullError of a write of `path` that failed with `error` (errno in FULL_DISK)."""
-    quota = " (the disk quota is exceeded)" if error.errno == errno.EDQUOT else ""
-    err = DiskFullError(f"{path}: no space left on device{quota}; it was not written and what "
-                        "was there before is unchanged: free some space and run again")
-    err.errno, err.path = error.errno, str(path)
-    return err
-
-
-@contextlib.contextmanager
-def naming_full_disk(path: str | Path) -> Iterator[None]:
-    """Re-raise an OSError of a full disk (FULL_DISK) raised inside as DiskFullError naming
-    `path`: a write() on a file object raises ENOSPC without a file name, and os calls name a
-    temporary file where the user knows the file it becomes."""
-    try:
-        yield
-    except DiskFullError:
-        raise
-    except OSError as e:
-        if e.errno not in FULL_DISK:
-            raise
-        raise disk_full(path, e) from e
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *,
-                 before_replace: Callable[[], None] | None = None) -> Path:
-    """Replace the file at `path` by `data`: readers see the old file or the new one, never a
-    part of either. The one atomic write of the package.
-
-    Writes `.NAME.tmp-UNIQUE` beside `path`, fsyncs it, renames it over `path` and fsyncs the
-    folder, so the rename itself survives a power loss. An exception removes the temporary file
-    and means that `path` was not replaced (a full disk raises DiskFullError naming `path`);
-    once the rename is done nothing raises (a failed fsync of the folder is logged: the new
-    file is complete and current, only its survival of a power loss is in doubt), so a caller
-    whose rename is a commit point (a manifest) knows from the exception alone whether it
-    committed. A killed writer leaves the temporary file, for the folder's owner to remove by
-    that name (collect_garbage, hippo_gpu.parts). The folder must exist.
-
-    Args:
-        path: the file to replace (or create).
-        data: UTF-8 text, bytes, or a function that writes the whole file at the path it is
-            given (Parquet, safetensors and streamed JSON writers).
-        before_replace: called after the fsync, before the rename (a fault-injection point).
-
-    Returns:
-        `path`, as a Path.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    with naming_full_disk(path):
-        try:
-            if callable(data):
-                data(tmp)
-                os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600: the user's permissions
-            else:
-                with tmp.open("wb") as f:
-                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            _fsync_path(tmp)
-            if before_replace is not None:
-                before_replace()
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    try:
-        _fsync_path(path.parent)
-    except OSError as e:
-        log.warning("%s: written, but syncing its folder failed (%s); it may not survive a "
-                    "power loss", path, e)
-    return path
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (Linux), else by the set-and-restore dance."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def is_index_dir(path: str | Path) -> bool:
@@ -287,19 +185,19 @@ def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]
         with naming_full_disk(tmp / READERS_LOCK):
             (tmp / READERS_LOCK).touch()
         step("fsync_files")
-        mode = 0o666 & ~_umask()  # safetensors writes 0600: give files the user's permissions
+        mode = 0o666 & ~umask()  # safetensors writes 0600: give files the user's permissions
         for path in written:
             os.chmod(path, mode)
             with naming_full_disk(path):
-                _fsync_path(path)
+                fsync_path(path)
             files[f"{name}/{path.name}"] = {"sha256": sha256_file(path),
                                             "bytes": path.stat().st_size}
         with naming_full_disk(final):
-            _fsync_path(tmp)
+            fsync_path(tmp)
             step("rename_version")
             os.rename(tmp, final)
             renamed = True
-            _fsync_path(root)
+            fsync_path(root)
     except BaseException:
         # no manifest names the directory yet: remove it whole, which also frees what it took
         # on a full disk

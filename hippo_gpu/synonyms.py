@@ -264,8 +264,7 @@ def update_synonym_rows(
     if backend == "torch":  # a few rows against all M: column chunks, a running top-k (memory
         # R x (k + chunk)); the added rows' from the scan, the rest (old phrases near a change)
         rest = rows[~np.isin(rows, added)]
-        width = min(k, m)
-        es, ei = np.empty((len(rows), width), np.float32), np.empty((len(rows), width), np.int64)
+        es, ei = np.empty((len(rows), k), np.float32), np.empty((len(rows), k), np.int64)
         parts = [(added, fused.result())] if fused is not None else []
         if len(rest):
             parts.append((rest, exact_topk(base, rest, k, column_chunk=chunk)))

@@ -203,7 +203,7 @@ def test_commit_fails_cleanly_at_every_write(base, sample, reference, tmp_path, 
                 disk.free()
                 new = w.commit()  # the same writer, its staged change kept
             else:
-                with caplog.at_level(logging.WARNING, logger="hippo_gpu.store"):
+                with caplog.at_level(logging.WARNING, logger="hippo_gpu.durable_files"):
                     new = w.commit()  # the rename was the commit: made, with a warning
                 assert f"{d / MANIFEST}: written, but syncing its folder failed" in caplog.text
         assert disk.failed and generic(disk.failed[0]) == generic(ops[k - 1])

@@ -146,7 +146,7 @@ def test_streamed_safetensors_read_by_safetensors_and_by_the_memory_map(tmp_path
 
 
 def test_write_atomic_leaves_nothing_on_error(tmp_path):
-    from hippo_gpu.store import write_atomic
+    from hippo_gpu.durable_files import write_atomic
 
     path = write_atomic(tmp_path / "f.txt", "old")
 

@@ -75,10 +75,10 @@ import ray
 from hippo_gpu.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.durable_files import write_atomic
 from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
 from hippo_gpu.searcher_spec import SearcherSpec
-from hippo_gpu.store import write_atomic
 
 __all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
 

@@ -42,6 +42,7 @@ import torch
 from safetensors.numpy import load_file, save
 
 from hippo_gpu.config import DEFAULT_ENCODER, OPENAI_PREFIX, EncoderConfig, RemoteEncoderConfig
+from hippo_gpu.durable_files import naming_full_disk, write_atomic
 from hippo_gpu.embed.onnx_backend import (
     OnnxEncoder,
     OnnxExportError,
@@ -54,7 +55,6 @@ from hippo_gpu.embed.rows import l2_normalize
 from hippo_gpu.embed.sources import HashEncoder, hash_encoder_dim
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.progress import progress
-from hippo_gpu.store import naming_full_disk, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +82,10 @@ def text_digest(text: str) -> bytes:
 class EmbeddingCache:
     """Append-only shards `<dir>/<encoder-hash>/shard-*.safetensors` of (md5 [n,16], emb [n,D]).
 
-    Every file is written atomically (store.write_atomic), so a shard is whole or absent. A full
-    disk never fails an encoding: a shard that could not be written is logged (once per cache)
-    and its rows stay in memory only, so a later run encodes exactly the rows no shard holds.
+    Every file is written atomically (durable_files.write_atomic), so a shard is whole or
+    absent. A full disk never fails an encoding: a shard that could not be written is logged
+    (once per cache) and its rows stay in memory only, so a later run encodes exactly the rows
+    no shard holds.
     """
 
     def __init__(self, root: str | Path, identity: dict) -> None:
@@ -142,7 +143,7 @@ class EmbeddingCache:
         return len(self._rows)
 
     def put(self, digests: Sequence[bytes], emb: np.ndarray) -> None:
-        """Write one shard atomically (store.write_atomic); on a full disk keep its rows in
+        """Write one shard atomically (durable_files.write_atomic); on a full disk keep its rows in
         memory only (class docstring)."""
         if len(digests) == 0:
             return

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hippo_gpu.durable_files import disk_full
 from hippo_gpu.errors import DiskFullError, HippoGpuError
 from hippo_gpu.llm.backends import canonical_json
 
@@ -63,10 +64,7 @@ def _disk_full(path: str, error: sqlite3.Error) -> DiskFullError | None:
                 return None
         except OSError:
             return None
-    err = DiskFullError(f"{path}: no space left on device; this LLM result was not cached (the "
-                        "results cached before are kept): free some space and run again")
-    err.errno, err.path = errno.ENOSPC, path
-    return err
+    return disk_full(path, OSError(errno.ENOSPC, str(error)))
 
 
 def cache_key(task: str, template: str, model: str, params: dict[str, Any], content: str) -> str:
