@@ -212,3 +212,20 @@ def test_summarize_is_the_median_and_linear_quantiles():
     calls = []
     t = timing.time_call(lambda: calls.append(1), warmup=2, repeats=3)
     assert len(calls) == 1 + 2 + 3 and t.runs == 3  # first + warm-up + recorded
+
+
+def test_checksum_bench_records_both_ways_and_skips_an_empty_dir(tmp_path):
+    d = tmp_path / "index"
+    (d / "v000001").mkdir(parents=True)
+    for i in range(3):
+        (d / "v000001" / f"f{i}.bin").write_bytes(os.urandom(1 << 16) * (i + 1))
+    args = [sys.executable, "-m", "benchmarks.bench_checksums", "--allow-dirty",
+            "--results", str(tmp_path / "r.jsonl")]
+    out = subprocess.run(args + ["--index", str(d)], capture_output=True, text=True,
+                         timeout=120, env=_env(), cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    row = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[-1])
+    assert row["files"] == 3 and row["bytes"] == 6 << 16 and row["sha256_files_s"] >= 0
+    empty = subprocess.run(args + ["--index", str(tmp_path / "none")], capture_output=True,
+                           text=True, timeout=120, env=_env(), cwd=REPO)
+    assert empty.returncode == 2 and empty.stdout.startswith("SKIP: ")
