@@ -7,18 +7,49 @@ warm-up) as the commands do::
     index = hippo_gpu.load_index("my_index")
     hits = hippo_gpu.Searcher(index).retrieve(["Who founded ...?"], top_k=10)
     searcher = hippo_gpu.SearcherSpec(Path("my_index"), device="cuda", warm_up=True).open()
+
+The names are imported on first use (PEP 562 `__getattr__`), so `import hippo_gpu` and what
+needs only a light part of the package (the command line's `--help`, `hippo-gpu stats`, the
+config classes) do not pay for torch; `from hippo_gpu import Searcher` works as before.
 """
 
-from hippo_gpu.build import build_index
-from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
-from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.explanation import HitExplanation, QueryExplanation
-from hippo_gpu.index import Index, __version__
-from hippo_gpu.results import Hit, Ranking
-from hippo_gpu.search import Searcher
-from hippo_gpu.searcher_spec import SearcherSpec
-from hippo_gpu.versions import load_index
-from hippo_gpu.writer import IndexWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from hippo_gpu.config import __version__
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from hippo_gpu.build import build_index
+    from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
+    from hippo_gpu.errors import HippoGpuError
+    from hippo_gpu.explanation import HitExplanation, QueryExplanation
+    from hippo_gpu.index import Index
+    from hippo_gpu.results import Hit, Ranking
+    from hippo_gpu.search import Searcher
+    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.versions import load_index
+    from hippo_gpu.writer import IndexWriter
+
+# each public name of __all__ (but __version__) -> the module that defines it
+_SOURCES = {
+    "EncoderConfig": "hippo_gpu.config",
+    "GraphConfig": "hippo_gpu.config",
+    "HippoGpuError": "hippo_gpu.errors",
+    "Hit": "hippo_gpu.results",
+    "HitExplanation": "hippo_gpu.explanation",
+    "Index": "hippo_gpu.index",
+    "IndexConfig": "hippo_gpu.config",
+    "IndexWriter": "hippo_gpu.writer",
+    "QueryExplanation": "hippo_gpu.explanation",
+    "Ranking": "hippo_gpu.results",
+    "RetrievalConfig": "hippo_gpu.config",
+    "Searcher": "hippo_gpu.search",
+    "SearcherSpec": "hippo_gpu.searcher_spec",
+    "build_index": "hippo_gpu.build",
+    "load_index": "hippo_gpu.versions",
+}
 
 __all__ = [
     "EncoderConfig",
@@ -38,3 +69,19 @@ __all__ = [
     "build_index",
     "load_index",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first access and then kept here (so the
+    next access is a plain attribute). Any other name is an AttributeError, which is also
+    what lets `from hippo_gpu import hipporag1` fall through to importing the submodule."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

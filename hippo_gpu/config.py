@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+__version__ = "0.1.0"  # the package's version, recorded in every manifest (Index.payload)
+
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+DEVICE_CHOICES = ("auto", "cpu", "cuda")  # what a `device` argument takes (device.resolve_device)
 KNN_BACKENDS = ("auto", "faiss-flat", "ivf-join", "faiss-hnsw", "faiss-ivf", "faiss-gpu", "torch")
 # Precision names, three concepts and two lists. PRECISIONS: the stored or computed precision of
 # embeddings, both of the index's device-resident embedding matrices (load_index / Index.to) and

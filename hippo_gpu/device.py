@@ -12,9 +12,7 @@ import sys
 
 import torch
 
-from hippo_gpu.config import PPR_DTYPES, PRECISIONS, RetrievalConfig
-
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
+from hippo_gpu.config import DEVICE_CHOICES, PPR_DTYPES, PRECISIONS, RetrievalConfig
 
 
 def check_device(spec: str | torch.device | None) -> torch.device | None:

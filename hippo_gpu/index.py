@@ -18,18 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hippo_gpu.config import IndexConfig
+from hippo_gpu.config import IndexConfig, __version__
 from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.graph import fact_text, make_csr
 from hippo_gpu.ppr.basis import PassageBasis
-from hippo_gpu.store import IndexFormatError, write_version, writer_lock
+from hippo_gpu.store import IndexFormatError, basis_stats, write_version, writer_lock
 from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
-__all__ = ["Index", "IndexFormatError", "__version__", "index_of_files", "triple_counts",
-           "triple_report"]
-
-__version__ = "0.1.0"
+__all__ = ["Index", "IndexFormatError", "__version__", "basis_summary", "index_of_files",
+           "triple_counts", "triple_report"]
 
 
 def _md5_key(prefix: str, text: str) -> str:
@@ -120,11 +118,7 @@ class Index:
         out["embedding_dim"] = int(self.passage_emb.shape[1])
         out["encoder"] = self.config.encoder.model
         out["precision"] = self.precision
-        b = self.basis
-        out["basis_bytes"] = b.nbytes if b is not None else 0
-        out["basis_seconds"] = round(b.seconds, 4) if b is not None else 0.0
-        out["basis_steps"] = b.steps if b is not None else 0
-        out["basis_damping"] = b.damping if b is not None else None
+        out.update(basis_stats(basis_summary(self.basis)))
         return out
 
     @cached_property
@@ -196,6 +190,7 @@ class Index:
             "counts": self.counts,
             "openie_report": self.report,
             "build_seconds": self.timings,
+            "basis": basis_summary(self.basis),
         }
         tensors = {
             "graph": {
@@ -229,6 +224,15 @@ class Index:
                    "passage_texts": self.passage_texts, "phrases": self.phrases,
                    "predicates": facts.predicates}
         return manifest, tensors, tables, strings
+
+
+def basis_summary(basis: PassageBasis | None) -> dict[str, Any] | None:
+    """What `stats` reports of a basis, as the manifest records it ("basis"; None without one),
+    so that store.manifest_stats reads it without opening basis.safetensors."""
+    if basis is None:
+        return None
+    return {"bytes": basis.nbytes, "seconds": basis.seconds, "steps": basis.steps,
+            "damping": basis.damping}
 
 
 def _passage_triple_rows(passage_triples: Sequence[list[Triple]],

@@ -3,9 +3,10 @@
 Layout of an index directory DIR:
 
     DIR/manifest.json     the commit point: names the current version, its base directory and
-                          the segments after it, every file's sha256, the config, encoder
-                          identity and counts (of the current version; the base's own as
-                          base_counts once segments follow it)
+                          the segments after it, every file's sha256 and size, the config,
+                          encoder identity, counts and basis summary (of the current version;
+                          the base's own counts as base_counts once segments follow it): what
+                          `hippo-gpu stats` prints without reading a tensor (manifest_stats)
     DIR/v000007/          a base: one version's full files: graph.safetensors,
                           embeddings.safetensors, basis.safetensors (the passage basis, when
                           the index has one: a version without it loads with none),
@@ -55,9 +56,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hippo_gpu.durable_files import (
     fsync_path,
@@ -68,8 +67,9 @@ from hippo_gpu.durable_files import (
     write_atomic,
 )
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.safetensors_io import load_safetensors_mmap, save_safetensors_stream
-from hippo_gpu.tables import StringTable
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,11 @@ def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]
     With `hold`, a shared lock on the directory's `.readers` is taken before anything is
     written and kept in `hold` (the lock follows the file through the rename), so no garbage
     collection removes the directory before a manifest names it (a background compaction)."""
+    # numpy and torch are imported here and in _read_files, not with the module: what reads
+    # only the manifest (`hippo-gpu stats`, `manifest_stats`) imports neither
+    from hippo_gpu.safetensors_io import save_safetensors_stream
+    from hippo_gpu.tables import StringTable
+
     tmp = root / f".tmp-{name}-{os.getpid()}"
     final = root / name
     if tmp.exists():
@@ -282,6 +287,7 @@ def install_base(index_dir: str | Path, name: str, files: dict[str, dict[str, An
     if later:  # the top level describes the current version; the base's own fields apart
         full.update({"counts": current.get("counts"),
                      "openie_report": current.get("openie_report"),
+                     "basis": None,  # a replayed version has none (versions.py)
                      "base_counts": manifest.get("counts"),
                      "base_openie_report": manifest.get("openie_report")})
     _commit_manifest(root, full, step)
@@ -351,7 +357,8 @@ def write_segment(
     full = {**current, **manifest, "format_version": FORMAT_VERSION, "version": version,
             "base": base_name(current), "segments": segments,
             "base_counts": kept["counts"], "base_openie_report": kept["openie_report"],
-            "base_from": current.get("base_from", current.get("version"))}
+            "base_from": current.get("base_from", current.get("version")),
+            "basis": None}  # a replayed version carries no basis (versions.py)
     try:
         _commit_manifest(root, full, step)
     except BaseException:
@@ -428,7 +435,49 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-Files = tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]  # (tensor groups, tables)
+def basis_stats(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The basis_* entries of Index.stats of a basis summary (index.basis_summary: the
+    manifest's "basis"; None: no basis)."""
+    if summary is None:
+        return {"basis_bytes": 0, "basis_seconds": 0.0, "basis_steps": 0, "basis_damping": None}
+    return {"basis_bytes": int(summary["bytes"]), "basis_seconds": round(summary["seconds"], 4),
+            "basis_steps": int(summary["steps"]), "basis_damping": summary["damping"]}
+
+
+def manifest_stats(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """`Index.stats()` of the version a manifest names, from the manifest alone (no tensor is
+    read, nothing but this module and the config is imported): its counts and OpenIE report,
+    its embedding dimension and encoder, the precision a CPU load has (float32) and its basis
+    summary. Every one is what `load_index(dir, device="cpu").stats()` gives, since a commit
+    writes the manifest from the very Index it computed: the top-level counts, report and
+    "basis" describe the current version (a version with segments has no basis: it is a
+    replay), the same numbers a load's replay arrives at. The counts come in the manifest's
+    key order.
+
+    Returns None for a manifest that lacks one of them (written before the "basis" summary
+    was recorded, or format 3): the caller loads the index instead.
+    """
+    from hippo_gpu.config import IndexConfig
+
+    try:
+        if "basis" not in manifest:
+            return None
+        out: dict[str, Any] = {k: int(v) for k, v in manifest["counts"].items()}
+        report = manifest.get("openie_report") or {}
+        out["malformed_triples"] = int(report.get("malformed_triples", 0))
+        out["passages_without_triples"] = int(report.get("passages_without_triples", 0))
+        out["embedding_dim"] = int(manifest["encoder"]["dim"])
+        out["encoder"] = IndexConfig.from_dict(manifest["config"]).encoder.model
+        out["precision"] = "float32"
+        # a version with segments is a replay, which has no basis (whatever an older writer
+        # left in "basis")
+        out.update(basis_stats(None if manifest.get("segments") else manifest["basis"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return out
+
+
+Files = tuple[dict[str, dict[str, "torch.Tensor"]], dict[str, Any]]  # (tensor groups, tables)
 
 
 def read_index_dir(
@@ -476,17 +525,25 @@ def read_index_dir(
 
 
 def _read_files(root: Path, files: dict[str, Any], verify: bool) -> Files:
+    from hippo_gpu.safetensors_io import load_safetensors_mmap
+    from hippo_gpu.tables import StringTable
+
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     tables: dict[str, Any] = {}
     paths = [root / name for name in files]
     if missing := [p for p in paths if not p.exists()]:
         raise IndexFormatError(f"{missing[0]}: missing (listed in {MANIFEST})")
-    digests = sha256_files(paths) if verify else [None] * len(paths)
-    for (name, meta), digest, path in zip(files.items(), digests, paths):
-        if verify and digest != meta.get("sha256"):
-            raise IndexFormatError(
-                f"{path}: checksum mismatch, the file is corrupt or was modified; "
-                "rebuild the index")
+    if verify:
+        digests = sha256_files(paths)
+        if bad := [p for p, d, m in zip(paths, digests, files.values()) if d != m.get("sha256")]:
+            raise IndexFormatError(f"{bad[0]}: checksum mismatch, the file is corrupt or was "
+                                   "modified; rebuild the index")
+    else:  # the check that costs a stat: a truncated, grown or replaced file
+        for path, meta in zip(paths, files.values()):
+            if meta.get("bytes") is not None and path.stat().st_size != meta["bytes"]:
+                raise IndexFormatError(f"{path}: not the size {MANIFEST} records, the file is "
+                                       "corrupt or was modified; rebuild the index")
+    for name, path in zip(files, paths):
         key = Path(name).name
         try:
             if key.endswith(".safetensors"):

@@ -82,6 +82,7 @@ from hippo_gpu.store import (
     discard_version,
     install_base,
     prepare_base,
+    read_index_dir,
     read_manifest,
     write_segment,
     writer_lock,
@@ -139,13 +140,30 @@ class IndexWriter:
         compact_after: compact (`compact`) after a commit that leaves this many segments, or
             segments of more than a quarter of the base's bytes (versions.needs_compaction);
             None: only when asked (a server compacts in the background instead).
+        verify: check every file of the version `open` reads against the manifest's sha256
+            (load_index's `verify`). False (the CLI's one-off `insert` and `delete`: hashing a
+            large index costs more than their commit) checks each file's size instead and
+            defers the checksums to the one step that needs them, below.
+
+    Why skipping the checksums at open keeps every guarantee: a commit writes only its own
+    segment (recording that segment's checksums) and a new manifest; it never rewrites a file
+    it read, nor records a checksum of one. A file that is corrupt at open therefore stays a
+    checksum mismatch on disk, and every verifying reader (load_index, a Searcher, a writer
+    that verifies) refuses the index as it would have without the commit: a commit can make
+    nothing corrupt readable. At worst the corrupt content makes the commit fail or its
+    segment wrong (synonym lists recomputed from a corrupt vector), on an index that no
+    verifying reader opens until it is rebuilt, as the checksum error says (putting back only
+    the corrupt file from a backup would keep such a segment). The one step that copies what
+    the writer read into files with new checksums is a compaction (a new base):
+    `prepare_compaction` verifies every file of the index first when the held version was
+    read unchecked. Atomicity (the manifest's rename) does not depend on any of it.
     """
 
     def __init__(self, index_dir: str | Path, *, device: str = "auto",
                  cache_dir: str | Path | None = None, show_progress: bool = False,
                  on_step: Callable[[str], None] | None = None,
                  encoder: Encoder | None = None,
-                 compact_after: int | None = COMPACT_AFTER) -> None:
+                 compact_after: int | None = COMPACT_AFTER, verify: bool = True) -> None:
         self.index_dir = Path(index_dir)
         self.device = resolve_device(device)
         self.cache_dir = cache_dir
@@ -159,12 +177,17 @@ class IndexWriter:
         self.compact_after = compact_after
         self.last_compaction: dict[str, float] = {}
         self.garbage: list[str] = []  # what the last open() removed (store.collect_garbage)
+        self.verify = verify
+        # whether the held version was read from files whose checksums were checked (or
+        # computed by this writer from such a version): a compaction may copy it as it is
+        self._verified = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> IndexWriter:
         """Take the writer lock, clear a killed writer's leftovers, load the current version
-        (unless this writer holds it already: the version it loaded or committed last)."""
+        (unless this writer holds it already: the version it loaded or committed last), its
+        files checked against the manifest's checksums unless `verify` is False."""
         if self._lock is not None:
             return self
         read_manifest(self.index_dir)  # not an index: raise before the lock creates anything
@@ -174,9 +197,12 @@ class IndexWriter:
         try:
             self.garbage = collect_garbage(self.index_dir)
             if self._base is None:
-                self._base = load_index(self.index_dir, device="cpu")
+                self._base = load_index(self.index_dir, device="cpu", verify=self.verify)
+                self._verified = self.verify
             else:  # another writer may have committed since: replay its segments
-                self._base = refresh_index(self._base)
+                held = self._base
+                self._base = refresh_index(held, verify=self.verify)
+                self._verified = self.verify or (self._verified and self._base is held)
             if self._encoder is not None and \
                     self._encoder.config.identity() != self._base.config.encoder.identity():
                 raise ValueError(
@@ -435,10 +461,23 @@ class IndexWriter:
         """The slow half of a compaction, on the last committed version as it is now: solve
         its basis and write its base directory, which no manifest names yet. It holds no
         writer lock (a server runs it in the background while commits go on); commits made
-        meanwhile stay valid on top of it (store.install_base)."""
+        meanwhile stay valid on top of it (store.install_base).
+
+        A writer opened with `verify=False` first checks every file the index's manifest
+        names against its checksum, since the new base records new checksums of what was read
+        unchecked (IndexFormatError on a mismatch, nothing written). It does so while open:
+        under the writer lock, those files are the ones the held version was read from and
+        its own commits'."""
         base = self._require_base()
         set_threads()  # the server's compactor thread: torch's count, as for queries
         stages = Stages()
+        if not self._verified:
+            if self._lock is None:
+                raise RuntimeError("a writer opened with verify=False compacts only while "
+                                   "open (its files are checked then)")
+            read_index_dir(self.index_dir, verify=True)
+            self._verified = True
+            stages.lap("verify")
         basis = base.basis
         if base.config.ppr_basis and basis is None:
             basis = solve_index_basis(base.adjacency, base.passage_nodes, base.passage_emb,

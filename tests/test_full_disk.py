@@ -36,14 +36,9 @@ from hippo_gpu.cli import app
 from hippo_gpu.data import Passage
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.index import Index
+from hippo_gpu.safetensors_io import load_safetensors_mmap
 from hippo_gpu.sample import paths
-from hippo_gpu.store import (
-    MANIFEST,
-    IndexFormatError,
-    is_index_dir,
-    load_safetensors_mmap,
-    read_manifest,
-)
+from hippo_gpu.store import MANIFEST, IndexFormatError, is_index_dir, read_manifest
 from hippo_gpu.writer import IndexWriter
 from tests.diskfull import FullDisk, count_writes, distinct_steps, generic
 from tests.test_writer import assert_same_index, leftovers, snapshot

@@ -128,7 +128,7 @@ def test_save_replaces_an_index_atomically_but_never_a_foreign_dir(sample_index,
 def test_streamed_safetensors_read_by_safetensors_and_by_the_memory_map(tmp_path):
     from safetensors.torch import load_file
 
-    from hippo_gpu.store import load_safetensors_mmap, save_safetensors_stream
+    from hippo_gpu.safetensors_io import load_safetensors_mmap, save_safetensors_stream
 
     g = torch.Generator().manual_seed(0)
     tensors = {"emb": torch.randn(7, 5, generator=g), "rows": torch.arange(11),

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from hippo_gpu.cli.reasoning import DATASET_HELP, PASSAGES_HELP, PROMPT_HELP, make_reasoner
-from hippo_gpu.device import DEVICE_CHOICES
+from hippo_gpu.config import DEVICE_CHOICES
 from hippo_gpu.serve.config import QueryLimits
 
 __all__ = ["register"]

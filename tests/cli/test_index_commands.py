@@ -1,0 +1,146 @@
+"""`stats` read from the manifest equals the loaded index's `stats()` in every state an index
+directory can be in; `insert` / `delete` open the index without hashing it and a corrupt file
+stays refused (hippo_gpu/writer.py: why skipping the checksums at open keeps the guarantees)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from hippo_gpu import IndexWriter, build_index, load_index
+from hippo_gpu.cli import app
+from hippo_gpu.sample import paths
+from hippo_gpu.store import IndexFormatError, manifest_stats, read_manifest
+
+runner = CliRunner()
+HELD_OUT = 2  # the sample's last passages, inserted by the tests
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample corpus less its last HELD_OUT passages, indexed with the weightless hash:32
+    encoder (with its basis); the tests copy it."""
+    corpus = json.loads(paths()["corpus"].read_text())
+    out = tmp_path_factory.mktemp("cli_index") / "index"
+    build_index(corpus[:-HELD_OUT], paths()["openie"], out, encoder="hash:32", device="cpu")
+    return out
+
+
+@pytest.fixture()
+def index_dir(built: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(built, tmp_path / "index"))
+
+
+def _passage_file(tmp_path: Path, which: int) -> Path:
+    corpus = json.loads(paths()["corpus"].read_text())
+    path = tmp_path / f"passage_{which}.json"
+    path.write_text(json.dumps([corpus[which]]))
+    return path
+
+
+def _insert(index_dir: Path, tmp_path: Path, which: int = -1) -> Result:
+    return runner.invoke(app, ["insert", str(index_dir), "--corpus",
+                               str(_passage_file(tmp_path, which)), "--openie",
+                               str(paths()["openie"]), "--device", "cpu", "--threads", "1",
+                               "--cache-dir", str(tmp_path / "cache")])
+
+
+def _stats(index_dir: Path) -> dict:
+    res = runner.invoke(app, ["stats", str(index_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def _same_stats(index_dir: Path) -> dict:
+    """`stats --json`, checked equal to the loaded index's and read from the manifest."""
+    got = _stats(index_dir)
+    assert got == load_index(index_dir, device="cpu").stats()
+    assert manifest_stats(read_manifest(index_dir)) == got
+    return got
+
+
+def test_stats_from_the_manifest_in_every_state(index_dir: Path, tmp_path: Path) -> None:
+    base = _same_stats(index_dir)  # a build: its basis
+    assert base["basis_bytes"] > 0 and base["basis_damping"] == 0.5
+    res = _insert(index_dir, tmp_path)
+    assert res.exit_code == 0, res.output
+    chain = _same_stats(index_dir)  # a segment: replayed, no basis
+    assert chain["passage_nodes"] == base["passage_nodes"] + 1 and chain["basis_bytes"] == 0
+    res = runner.invoke(app, ["compact", str(index_dir), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    compacted = _same_stats(index_dir)  # a compaction: a new base with its basis solved
+    assert compacted["basis_bytes"] > 0
+    assert {k: v for k, v in compacted.items() if not k.startswith("basis_")} == \
+        {k: v for k, v in chain.items() if not k.startswith("basis_")}
+
+
+def test_stats_of_a_manifest_without_the_basis_summary_loads_the_index(index_dir: Path) -> None:
+    """A manifest written before the summary (or format 3): stats loads the index, as before."""
+    want = _stats(index_dir)
+    path = index_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["basis"]
+    path.write_text(json.dumps(manifest))
+    assert manifest_stats(read_manifest(index_dir)) is None
+    assert _stats(index_dir) == want
+
+
+def test_stats_table_prints_every_count(index_dir: Path) -> None:
+    res = runner.invoke(app, ["stats", str(index_dir)])
+    assert res.exit_code == 0, res.output
+    for key, value in _stats(index_dir).items():
+        assert key in res.output and str(value) in res.output
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the last tensor's last byte: the same size, another checksum
+    path.write_bytes(bytes(data))
+
+
+def test_insert_and_delete_do_not_hash_the_index_and_corruption_stays_refused(
+        index_dir: Path, tmp_path: Path) -> None:
+    emb = next(index_dir.glob("v*/embeddings.safetensors"))
+    _flip_last_byte(emb)
+    res = _insert(index_dir, tmp_path)  # no checksum at open: the commit goes through
+    assert res.exit_code == 0, res.output
+    keys = tmp_path / "keys.txt"
+    keys.write_text(load_index(index_dir, device="cpu", verify=False).passage_keys[0] + "\n")
+    res = runner.invoke(app, ["delete", str(index_dir), "--keys", str(keys)])
+    assert res.exit_code == 0, res.output
+    version = read_manifest(index_dir)["version"]
+    # the corrupt base file still fails its checksum for every verifying reader ...
+    with pytest.raises(IndexFormatError, match="checksum mismatch"):
+        load_index(index_dir, device="cpu")
+    # ... and no compaction copies it into a new base with new checksums
+    with IndexWriter(index_dir, device="cpu", compact_after=None, verify=False) as w:
+        with pytest.raises(IndexFormatError, match="checksum mismatch"):
+            w.compact()
+    res = runner.invoke(app, ["compact", str(index_dir), "--device", "cpu"])
+    assert res.exit_code == 2 and "checksum mismatch" in res.output
+    assert read_manifest(index_dir)["version"] == version
+    assert [p.name for p in index_dir.glob("v*")] == [emb.parent.name]
+
+
+def test_insert_refuses_a_file_of_another_size(index_dir: Path, tmp_path: Path) -> None:
+    emb = next(index_dir.glob("v*/embeddings.safetensors"))
+    with emb.open("ab") as f:
+        f.write(b"\0")
+    version = read_manifest(index_dir)["version"]
+    res = _insert(index_dir, tmp_path)
+    assert res.exit_code == 2 and "not the size" in res.output, res.output
+    assert read_manifest(index_dir)["version"] == version
+
+
+def test_an_unverified_writer_compacts_a_sound_index(index_dir: Path, tmp_path: Path) -> None:
+    res = _insert(index_dir, tmp_path)
+    assert res.exit_code == 0, res.output
+    with IndexWriter(index_dir, device="cpu", compact_after=None, verify=False) as w:
+        w.compact()
+        assert "verify" in w.last_compaction
+    assert not read_manifest(index_dir)["segments"]
+    _same_stats(index_dir)

@@ -1,0 +1,83 @@
+"""`hippo-gpu --help`, every command's `--help` and `stats` import no torch (nor numpy): the
+commands import their heavy modules inside themselves, hippo_gpu.__init__ on first use, and
+`stats` reads the manifest. Each check is a fresh interpreter, since this one has torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+import hippo_gpu
+from hippo_gpu.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "numpy")
+# runs the app as `hippo-gpu ARGS` would, then prints its exit status and the heavy modules
+# that are loaded
+RUN_APP = f"""
+import json, sys
+from hippo_gpu.cli import app
+try:
+    app(sys.argv[1:], prog_name="hippo-gpu")
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+print(json.dumps({{"exit": code, "loaded": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+COMMANDS = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def _run_app(*args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", RUN_APP, *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_command_is_checked() -> None:
+    assert {"index", "stats", "insert", "delete", "compact", "eval", "retrieve", "serve",
+            "mcp", "demo"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_imports_no_torch(command: str | None) -> None:
+    got = _run_app(*([command] if command else []), "--help")
+    assert got == {"exit": 0, "loaded": []}, f"hippo-gpu {command or ''} --help: {got}"
+
+
+def test_stats_imports_no_torch(sample_index_dir: Path) -> None:
+    for args in ([], ["--json"]):
+        got = _run_app("stats", str(sample_index_dir), *args)
+        assert got == {"exit": 0, "loaded": []}, got
+
+
+def test_the_package_imports_its_api_on_first_use() -> None:
+    code = ("import sys, hippo_gpu\nassert 'torch' not in sys.modules\n"
+            "from hippo_gpu import IndexConfig, __version__\n"
+            "assert 'torch' not in sys.modules\n"
+            "from hippo_gpu import Searcher, hipporag1\nassert 'torch' in sys.modules\n"
+            "print(Searcher.__module__, hipporag1.__name__, __version__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["hippo_gpu.search", "hippo_gpu.hipporag1",
+                                  hippo_gpu.__version__]
+
+
+def test_the_lazy_names_are_the_public_api() -> None:
+    import importlib
+
+    assert sorted(hippo_gpu.__all__) == sorted([*hippo_gpu._SOURCES, "__version__"])
+    for name in hippo_gpu.__all__:
+        value = getattr(hippo_gpu, name)
+        if name != "__version__":
+            assert value is getattr(importlib.import_module(hippo_gpu._SOURCES[name]), name)
+    assert set(hippo_gpu.__all__) <= set(dir(hippo_gpu))
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        hippo_gpu.nothing_here  # noqa: B018
