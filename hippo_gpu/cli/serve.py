@@ -29,7 +29,7 @@ from hippo_gpu.cli.reasoning import (
     make_reasoner,
     reasoner_spec,
 )
-from hippo_gpu.device import DEVICE_CHOICES
+from hippo_gpu.config import DEVICE_CHOICES
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.config import LOOPBACK_HOSTS, QueryLimits, ServerConfig, WriteLimits
 
@@ -74,6 +74,11 @@ def serve(
     max_top_k: int = typer.Option(
         _LIMITS.max_top_k, min=1, help="larger top_k -> 422 (in the schema)"
     ),
+    max_request_cost: int | None = typer.Option(
+        None, min=1, help="work budget of one retrieve or explain request, in estimated units "
+                          "(~ms of the calibration machine: hippo_gpu/serve/budget.py; queries x "
+                          "(text + top_k x mode weight) x IRCoT steps); beyond -> 413 (default: "
+                          "CostLimits' 5000, ~5 s on a 2-core VM)"),
     token_env: str = typer.Option(
         DEFAULT_TOKEN_ENV, help="env var holding the bearer token; unset or empty: no auth"
     ),
@@ -134,6 +139,7 @@ def serve(
     import uvicorn
 
     from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.serve.config import CostLimits
     from hippo_gpu.serve.server import create_app
     from hippo_gpu.serve.service import parse_index_specs
     from hippo_gpu.serve.writes import SearcherHolder
@@ -159,6 +165,7 @@ def serve(
                            max_body_bytes=max_write_bytes,
                            writes_per_second=writes_per_second),
             allowed_hosts=LOOPBACK_HOSTS if _is_loopback(host) else ("*",),
+            cost=CostLimits() if max_request_cost is None else CostLimits(max_request_cost),
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

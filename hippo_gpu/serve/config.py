@@ -5,9 +5,10 @@ config that owns them.
 HTTP request schema (serve/schema.py) and the MCP tools' input schemas (serve/mcp.py) are both
 built from it. `WriteLimits` states those of the write routes (serve/writes.py: passages, keys and
 characters per request in their schema; body bytes and writes per second enforced before it).
-`ServerConfig` holds both beside what only HTTP has: how many queries one request may carry, the
-micro-batcher's limits, the bearer token, the Host names a server without a token answers, and
-whether /mcp is served.
+`CostLimits` states the work one request may ask for (serve/budget.py estimates it; HTTP answers
+413 beyond it, MCP a tool error). `ServerConfig` holds them beside what only HTTP has: how many
+queries one request may carry, the micro-batcher's limits, the bearer token, the Host names a
+server without a token answers, and whether /mcp is served.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.write_limits import WriteLimits
 
-__all__ = ["LOOPBACK_HOSTS", "QueryLimits", "ServerConfig", "WriteLimits"]
+__all__ = ["LOOPBACK_HOSTS", "CostLimits", "QueryLimits", "ServerConfig", "WriteLimits"]
 
 # The Host names (any port) a server without a token answers by default (serve/guards.HostGuard).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -46,8 +47,32 @@ class QueryLimits:
 
 
 @dataclass(frozen=True)
+class CostLimits:
+    """The work one retrieve or explain request may ask for, every transport alike.
+
+    The schema bounds each factor (queries, characters, entities, top_k, IRCoT steps) but not
+    their product: 64 explained queries at top_k 999 are schema-valid and ran past 10 s on
+    musique. So a request is estimated before it is queued (serve/budget.request_cost, which
+    states the formula and its calibration; one work unit is about a millisecond of the
+    calibration machine) and refused at once when the estimate is over `max_request_cost`:
+    HTTP 413 naming the estimate and the limit, an MCP tool error.
+
+    Attributes:
+        max_request_cost: the most work units one request may ask for. The default admits what
+            answered within ~5 s on the calibration machine (a 2-core VM, musique); a faster
+            machine can afford more, a larger index less.
+    """
+
+    max_request_cost: int = 5_000
+
+    def __post_init__(self) -> None:
+        _check_positive("max_request_cost", self.max_request_cost)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    """Server limits; each one is also in the OpenAPI schema (violations -> 422).
+    """Server limits; each per-field one is also in the OpenAPI schema (violations -> 422), the
+    work budget (`cost`, a product of fields) is checked after it (413).
 
     Attributes:
         batcher: micro-batching limits (max_batch, max_wait_ms, max_queue).
@@ -61,6 +86,7 @@ class ServerConfig:
         ui: serve the explorer page at /ui (its static files; every request it makes goes to
             /v1/*, behind the token).
         writes: the limits of the write routes (served with a token and a writable index).
+        cost: the work budget of one retrieve or explain request (HTTP: 413 beyond it).
         allowed_hosts: the Host names (any port) a server without a token answers, so a web
             page cannot reach it through a DNS name rebound to this machine; ("*",) answers
             any (the CLI's choice when it binds a non-loopback address). A server with a token
@@ -76,6 +102,7 @@ class ServerConfig:
     ui: bool = True
     writes: WriteLimits = dataclasses.field(default_factory=WriteLimits)
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    cost: CostLimits = dataclasses.field(default_factory=CostLimits)
 
     def __post_init__(self) -> None:
         _check_positive("max_queries_per_request", self.max_queries_per_request)

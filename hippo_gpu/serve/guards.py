@@ -79,13 +79,15 @@ def _hostname(netloc: str) -> str:
 
 class BodyLimit:
     """Answer 413 to a request body over `max_bytes` (or the limit `by_path` gives its path),
-    declared or streamed."""
+    declared or streamed; `on_reject()` is called once for each such request (the metrics)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int,
-                 by_path: Mapping[str, int] | None = None) -> None:
+                 by_path: Mapping[str, int] | None = None,
+                 on_reject: Callable[[], None] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.by_path = dict(by_path or {})
+        self.on_reject = on_reject or (lambda: None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,12 +112,14 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     # FastAPI re-raises HTTPException from body parsing; the handler answers 413.
+                    self.on_reject()
                     raise HTTPException(413, _too_large_message(limit))
             return message
 
         await self.app(scope, limited_receive, send)
 
     async def _too_large(self, limit: int, scope: Scope, receive: Receive, send: Send) -> None:
+        self.on_reject()
         response = JSONResponse({"detail": _too_large_message(limit)}, status_code=413)
         await response(scope, receive, send)
 

@@ -19,8 +19,11 @@ Resource:
 A retrieve call goes through `RetrievalService.retrieve`, i.e. the same per-index micro-batcher
 as the HTTP API, so MCP and HTTP queries share batches. Arguments are checked against the same
 per-query limits as HTTP (the server's `QueryLimits`, serve/config.py, stated in the tool's input
-schema); a bad argument, an unknown index, hipporag1 without entities or a full queue come back
-as a tool error (a result with `isError` and a message), never as a crash of the session.
+schema) and each call against the same work budget (`CostLimits`, estimated by
+serve/budget.request_cost through `RetrievalService.admit`, as HTTP: one query, its entities,
+top_k, mode, and retrieve_ircot's max_steps); a bad argument, an unknown index, hipporag1
+without entities, a call over the budget or a full queue come back as a tool error (a result
+with `isError` and a message), never as a crash of the session.
 
 Transports: stdio (`hippo-gpu mcp --index DIR`, `serve_stdio`) and streamable HTTP mounted on the
 HTTP server (`mount_streamable_http`, used by serve/server.py, which applies its bearer token).
@@ -45,7 +48,8 @@ from starlette.types import ASGIApp
 from hippo_gpu.config import MODES
 from hippo_gpu.ircot import IRCoTResult, ThoughtSource
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
-from hippo_gpu.serve.config import QueryLimits
+from hippo_gpu.serve.budget import OverBudgetError
+from hippo_gpu.serve.config import CostLimits, QueryLimits
 from hippo_gpu.serve.ircot import answer_ircot, trace
 from hippo_gpu.serve.service import RetrievalService, UnknownIndexError
 
@@ -90,11 +94,13 @@ class IRCoTOut(RetrieveOut):
 
 
 def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = None, *,
-                     reasoner: ThoughtSource | None = None,
-                     max_ircot_steps: int = 8) -> MCPServer:
+                     reasoner: ThoughtSource | None = None, max_ircot_steps: int = 8,
+                     cost: CostLimits | None = None) -> MCPServer:
     """An `MCPServer` whose tools answer through `service` (started by the caller); with a
-    `reasoner` also `retrieve_ircot`, its max_steps at most `max_ircot_steps`."""
+    `reasoner` also `retrieve_ircot`, its max_steps at most `max_ircot_steps`. Each call must fit
+    the work budget `cost` (default: `CostLimits()`)."""
     limits = limits or QueryLimits()
+    budget = cost or CostLimits()
     names = service.names
     server: MCPServer = MCPServer(
         "hippo-gpu", instructions=_INSTRUCTIONS, log_level="WARNING",
@@ -130,6 +136,8 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         result = None
         try:
             served = service.get(index)
+            service.admit(budget, [query], top_k=top_k, mode=mode, entities=ents,
+                          index=served.name, explain=explain, steps=ircot_steps or 1)
             if ircot_steps is None:
                 answers = await service.retrieve(
                     [query], top_k=top_k, mode=mode, index=served.name, entities=ents,
@@ -140,7 +148,7 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
                     service, reasoner, [query], top_k=top_k, mode=mode, max_steps=ircot_steps,
                     entities=ents, index=served.name, transport="mcp")
                 result = results[0]
-        except UnknownIndexError as e:
+        except (UnknownIndexError, OverBudgetError) as e:
             raise ToolError(str(e)) from e
         except QueueFullError as e:
             raise ToolError("server busy: queue full; retry in a second") from e
@@ -241,7 +249,7 @@ class MountedMCP(NamedTuple):
 
 def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: str, *,
                           dns_rebinding_guard: bool, reasoner: ThoughtSource | None = None,
-                          max_ircot_steps: int = 8) -> MountedMCP:
+                          max_ircot_steps: int = 8, cost: CostLimits | None = None) -> MountedMCP:
     """The MCP tools over streamable HTTP at `path`, for another ASGI app to route to.
 
     Stateless with JSON responses: every POST carries a whole exchange, so nothing is kept per
@@ -250,7 +258,7 @@ def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: 
     through a rebound DNS name; with a token the token is the guard.
     """
     server = build_mcp_server(service, limits, reasoner=reasoner,
-                              max_ircot_steps=max_ircot_steps)
+                              max_ircot_steps=max_ircot_steps, cost=cost)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=dns_rebinding_guard,
         allowed_hosts=_LOOPBACK_HOSTS, allowed_origins=_LOOPBACK_ORIGINS)  # fmt: skip
@@ -261,9 +269,10 @@ def mount_streamable_http(service: RetrievalService, limits: QueryLimits, path: 
 
 
 async def serve_stdio(service: RetrievalService, limits: QueryLimits | None = None, *,
-                      reasoner: ThoughtSource | None = None, max_ircot_steps: int = 8) -> None:
+                      reasoner: ThoughtSource | None = None, max_ircot_steps: int = 8,
+                      cost: CostLimits | None = None) -> None:
     """Answer MCP over stdin/stdout until the client closes it; starts and drains `service`."""
     server = build_mcp_server(service, limits, reasoner=reasoner,
-                              max_ircot_steps=max_ircot_steps)
+                              max_ircot_steps=max_ircot_steps, cost=cost)
     async with service:
         await server.run_stdio_async()

@@ -18,8 +18,10 @@ Names (all prefixed `hippo_`; counters end in `_total` on the wire):
                                                           the worker thread
     hippo_rejected_requests_total{reason}                 refused requests: auth (401),
                                                           body_too_large (413), invalid (422),
-                                                          queue_full (429 / MCP tool error),
-                                                          shutting_down (503 / MCP tool error)
+                                                          over_budget (413 / MCP tool error:
+                                                          serve/budget.py), queue_full (429 /
+                                                          MCP tool error), shutting_down (503 /
+                                                          MCP tool error)
     hippo_queue_depth{index}                              queries waiting (gauge, at scrape time)
     hippo_in_flight_queries{index}                        queries in the running batch
     hippo_index_version{index}                            committed version being served (absent
@@ -59,10 +61,12 @@ __all__ = ["CONTENT_TYPE", "EncoderCounters", "IndexGauges", "Metrics", "Metrics
 # The text exposition format, as prometheus_client writes it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# HTTP statuses that mean "refused"; 429 and 503 are counted where they arise (the service), so
-# MCP calls are counted too and nothing twice.
-_REJECTED = {401: "auth", 413: "body_too_large", 422: "invalid"}
-REJECT_REASONS = ("auth", "body_too_large", "invalid", "queue_full", "shutting_down")
+# HTTP statuses that mean "refused"; the others are counted where they arise, so MCP calls are
+# counted too and nothing twice: 413 by the body limit (serve/guards.BodyLimit, `on_reject`) and by
+# the work budget (serve/service.RetrievalService.admit), 429 and 503 by the service.
+_REJECTED = {401: "auth", 422: "invalid"}
+REJECT_REASONS = ("auth", "body_too_large", "invalid", "over_budget", "queue_full",
+                  "shutting_down")
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

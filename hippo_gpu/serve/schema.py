@@ -22,6 +22,10 @@ request is answered and a schema-invalid one gets 422:
   (hippo_gpu.ircot), 1 <= S <= ServerConfig.max_ircot_steps, on a server started with an LLM
   (`--llm`); on one without, the field only accepts null and a value gets a 422 saying so.
 
+What JSON Schema cannot state is the work budget (serve/budget.py): a product of the fields
+(queries x their characters x top_k x mode x steps), estimated after validation; a request over
+it gets the documented 413 with `OverBudgetBody`.
+
 The model class names are the OpenAPI component names: renaming one changes the document.
 """
 
@@ -43,6 +47,7 @@ from pydantic import (
 
 from hippo_gpu.config import MODES
 from hippo_gpu.ircot import STOPS
+from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig, WriteLimits
 from hippo_gpu.serve.explain_schema import ExplainResponse, SeedFact
 from hippo_gpu.serve.service import DEFAULT_INDEX, UnknownIndexError
@@ -58,6 +63,7 @@ __all__ = [
     "IRCoTTrace",
     "IndexesResponse",
     "Mode",
+    "OverBudgetBody",
     "PassageHit",
     "RetrieveRequest",
     "RetrieveResponse",
@@ -99,6 +105,9 @@ _REQUEST_EXAMPLES: list[dict[str, Any]] = [
      "mode": "hipporag1", "return_seeds": False},  # fmt: skip
 ]
 
+
+# The 413 example's estimate: 64 musique questions explained at top_k 999 (mode hipporag2).
+_EXAMPLE_COST = 257_336
 
 _EXPLAIN_EXAMPLES: list[dict[str, Any]] = [
     {"queries": [_QUERY], "top_k": 5, "mode": "hipporag2"},
@@ -401,6 +410,8 @@ class Limits(BaseModel):
     max_entity_chars: int
     max_top_k: int
     max_body_bytes: int
+    max_request_cost: int = Field(description="the work budget of one retrieve or explain "
+                                  "request, in estimated units (beyond: 413)")
 
 
 class StatsResponse(BaseModel):
@@ -431,6 +442,12 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="a short message (no trace, no path)")
 
 
+class OverBudgetBody(ErrorBody):
+    estimate: int = Field(description="the request's estimated work, in units (about a "
+                          "millisecond of the machine the budget was calibrated on)")
+    limit: int = Field(description="the most work one request may ask for on this server")
+
+
 class ValidationIssue(BaseModel):
     loc: list[str | int] = Field(description='where: e.g. ["body", "queries", 0]')
     msg: str
@@ -441,9 +458,10 @@ class ValidationErrorBody(BaseModel):
     detail: list[ValidationIssue]
 
 
-def response_doc(model: type[BaseModel], description: str, example: Any,
+def response_doc(model: Any, description: str, example: Any,
                  headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One entry of a route's `responses`: `model`'s schema, a description, an example body."""
+    """One entry of a route's `responses`: `model`'s schema (a pydantic model, or a union of
+    them), a description, an example body."""
     out: dict[str, Any] = {
         "model": model,
         "description": description,
@@ -465,16 +483,18 @@ def unauthorized_response() -> dict[str, Any]:
 
 
 API_DESCRIPTION = (
-    "HippoRAG retrieval over one or more named indexes. The schema states every limit the server "
-    "enforces: a request that fits it gets 200 (or 413 / 429 / 503: body bytes, load, shutdown) "
-    "and one that does not gets 422. Bearer security is declared, and enforced, only when the "
-    "server has a token; /healthz and /readyz are always open. /mcp (not described here) serves "
+    "HippoRAG retrieval over one or more named indexes. The schema states every per-field limit "
+    "the server enforces: a request that fits it gets 200 (or 413 / 429 / 503: body bytes or "
+    "estimated work over the budget, load, shutdown) and one that does not gets 422. Bearer "
+    "security is declared, and enforced, only when the server has a token; /healthz and /readyz "
+    "are always open. /mcp (not described here) serves "
     "the same retrieval to Model Context Protocol clients (streamable HTTP), behind the same token."
 )
 
 
-def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
+def retrieve_responses(config: ServerConfig) -> dict[int | str, dict[str, Any]]:
     """POST /v1/retrieve's documented answers (200, and every error status it can give)."""
+    max_body_bytes, budget = config.max_body_bytes, config.cost.max_request_cost
     hit = {"key": "chunk-4f1c0d5e9b2a7c3d8e6f1a2b3c4d5e6f", "title": "Thomas C. Südhof",
            "text": "Thomas C. Südhof\nThomas Christian Südhof is a professor at Stanford ...",
            "score": 0.0123, "rank": 0}  # fmt: skip
@@ -486,10 +506,13 @@ def retrieve_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
         400: response_doc(ErrorBody, "the body could not be read (e.g. not UTF-8)",
                           {"detail": "There was an error parsing the body"}),
         413: response_doc(
-            ErrorBody,
-            f"request body over {max_body_bytes} bytes (no schema-valid request, even "
-            "with every character escaped, is that large)",
-            {"detail": f"request body too large: limit {max_body_bytes} bytes"},
+            ErrorBody | OverBudgetBody,
+            f"request body over {max_body_bytes} bytes (no schema-valid request, even with "
+            "every character escaped, is that large), or the request's estimated work over "
+            f"the budget of {budget} units (OverBudgetBody: queries, their characters and "
+            "entities, top_k, mode and IRCoT steps; send less per request)",
+            {"detail": str(OverBudgetError(_EXAMPLE_COST, budget)), "estimate": _EXAMPLE_COST,
+             "limit": budget},
         ),
         422: response_doc(
             ValidationErrorBody,
@@ -527,9 +550,9 @@ def write_responses(limits: WriteLimits) -> dict[int | str, dict[str, Any]]:
     }
 
 
-def explain_responses(max_body_bytes: int) -> dict[int | str, dict[str, Any]]:
+def explain_responses(config: ServerConfig) -> dict[int | str, dict[str, Any]]:
     """POST /v1/explain's documented answers: retrieve's errors, its own 200."""
-    out = retrieve_responses(max_body_bytes)
+    out = retrieve_responses(config)
     out[200] = {"description": "per query, in request order, its hits and each hit's score "
                                "split into one term per seed and one for the dense prior"}
     return out

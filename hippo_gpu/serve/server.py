@@ -31,14 +31,21 @@ Several indexes: `create_app({"a": searcher_a, "b": searcher_b}, config)` serves
 micro-batcher (serve/service.py); `create_app(searcher, config)` serves one, named "default".
 
 The contract: the OpenAPI document states exactly what the server enforces, so a schema-valid
-request gets 200 (or one of the documented 413 / 429 / 503, which depend on bytes and load, not on
-the request's content) and a schema-invalid one gets 422. Every limit is therefore in the schema,
+request gets 200 (or one of the documented 413 / 429 / 503, which depend on the request's size
+and on load) and a schema-invalid one gets 422. Every per-field limit is therefore in the schema,
 built from `ServerConfig` (serve/config.py); serve/schema.py builds it and states its rules
 (limits, whitespace-only text, entities per query, hipporag1 needs entities).
 
 - 413 is the body-size guard (`ServerConfig.max_body_bytes`, checked before parsing, declared or
   streamed; serve/guards.py). It is sized so that every schema-valid request, serialised with
   every character escaped (12 bytes for a non-BMP character as a surrogate pair), fits.
+- 413 is also the work budget (`ServerConfig.cost`, serve/budget.py): the schema bounds each
+  factor of a request, not their product, so a retrieve or explain is estimated (queries, their
+  characters and entities, top_k, mode, IRCoT steps) after validation and refused before it is
+  queued when over `CostLimits.max_request_cost`; the body names both numbers: {"detail",
+  "estimate", "limit"}. 413, not 422 (the request fits the schema, and 422 says it does not) nor
+  429 (that promises a retry will do; this one never will): like an oversized body, the remedy is
+  to send less per request, here fewer queries, a smaller top_k or shorter texts.
 - 429 (with Retry-After) means the queue is full (a write route: the write rate,
   `WriteLimits.writes_per_second`); 503 that the server is shutting down; 500 an internal error
   (a bug: short body, logged, no trace, no path).
@@ -80,6 +87,7 @@ from starlette.routing import Route
 
 from hippo_gpu.search import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
+from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig
 from hippo_gpu.serve.guards import (
     BearerGuard,
@@ -166,7 +174,8 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
     writable = config.token is not None and any(
         s.holder.index_dir is not None for s in service.indexes.values())
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes,
-                       by_path={WRITE_PATH: config.writes.max_body_bytes} if writable else None)
+                       by_path={WRITE_PATH: config.writes.max_body_bytes} if writable else None,
+                       on_reject=metrics.rejected.labels(reason="body_too_large").inc)
     if config.token is None and "*" not in config.allowed_hosts:
         app.add_middleware(HostGuard, hosts=config.allowed_hosts)
     # Added last, so outermost: it sees the body limit's 413s and every auth 401.
@@ -228,7 +237,8 @@ def _lifespan(service: RetrievalService,
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """422 without the input echoed back, HTTP errors as {"detail"}, 500 logged, never traced."""
+    """422 without the input echoed back, HTTP errors as {"detail"}, an over-budget request as
+    413 {"detail", "estimate", "limit"}, 500 logged, never traced."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -238,6 +248,11 @@ def _add_error_handlers(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(OverBudgetError)
+    async def _over_budget(request: Request, exc: OverBudgetError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "estimate": exc.estimate, "limit": exc.limit},
+                            status_code=413)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -293,6 +308,7 @@ def _add_read_routes(app: FastAPI, service: RetrievalService, config: ServerConf
                 "max_queries_per_request": config.max_queries_per_request,
                 **dataclasses.asdict(config.limits),
                 "max_body_bytes": config.max_body_bytes,
+                **dataclasses.asdict(config.cost),
             },
         }
 
@@ -346,6 +362,9 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
 
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
         traces = None
+        steps = req.ircot.max_steps if req.ircot is not None and reasoner is not None else 1
+        service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
+                      entities=req.entities, index=req.index, steps=steps)
         try:
             if req.ircot is not None and reasoner is not None:
                 answers, results = await answer_ircot(
@@ -382,7 +401,7 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         operation_id="retrieve",
         summary="Rank passages for a batch of queries",
         response_model=RetrieveResponse,
-        responses={**auth.responses, **retrieve_responses(config.max_body_bytes)},
+        responses={**auth.responses, **retrieve_responses(config)},
         dependencies=auth.dependencies,
     )(retrieve)
 
@@ -392,6 +411,8 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
     """POST /v1/explain: retrieve's request (and limits) answered by Searcher.explain."""
 
     async def explain(req: Any) -> JSONResponse:
+        service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
+                      entities=req.entities, index=req.index, explain=True)
         try:
             answers = await service.retrieve(
                 req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
@@ -414,7 +435,7 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
         operation_id="explain",
         summary="Explain the ranking of a batch of queries: each score split by seed",
         response_model=ExplainResponse,
-        responses={**auth.responses, **explain_responses(config.max_body_bytes)},
+        responses={**auth.responses, **explain_responses(config)},
         dependencies=auth.dependencies,
     )(explain)
 
@@ -443,7 +464,7 @@ def _mcp_app(service: RetrievalService, config: ServerConfig,
                           "'hippo-gpu[mcp]'") from e
     return mount_streamable_http(service, config.limits, MCP_PATH,
                                  dns_rebinding_guard=config.token is None, reasoner=reasoner,
-                                 max_ircot_steps=config.max_ircot_steps)
+                                 max_ircot_steps=config.max_ircot_steps, cost=config.cost)
 
 
 def _gauges(served: ServedIndex) -> IndexGauges:

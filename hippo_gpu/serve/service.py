@@ -1,9 +1,10 @@
 """The retrieval service every transport answers through: named indexes, each with its searcher
 holder and its own micro-batcher.
 
-HTTP (server.py) and MCP (mcp.py) both call `RetrievalService.retrieve`, so a query reaches a
-`Searcher` the same way whichever protocol carried it: merged with concurrent queries of the same
-index and batch key into one batched `Searcher.retrieve` call on that index's worker thread.
+HTTP (server.py) and MCP (mcp.py) both call `RetrievalService.admit` (the work budget,
+serve/budget.py), then `RetrievalService.retrieve`, so a query reaches a `Searcher` the same way
+whichever protocol carried it: merged with concurrent queries of the same index and batch key into
+one batched `Searcher.retrieve` call on that index's worker thread.
 
 Several indexes: each has a name (`INDEX_NAME`: letters, digits, "_", "-", "." ; at most 64
 characters), its own batcher (a batch never mixes indexes: rankings are per index) and its own
@@ -45,9 +46,11 @@ from hippo_gpu.serve.batcher import (
     MicroBatcher,
     QueueFullError,
 )
+from hippo_gpu.serve.budget import OverBudgetError, request_cost
 from hippo_gpu.serve.writes import SearcherHolder
 
 if TYPE_CHECKING:
+    from hippo_gpu.serve.config import CostLimits
     from hippo_gpu.serve.metrics import Metrics
 
 __all__ = [
@@ -302,6 +305,11 @@ class ServedIndex:
         self.batcher: MicroBatcher[Query, Answer] = MicroBatcher(
             adapter, config, on_batch=on_batch, session=adapter.pinned)
 
+    @property
+    def passages(self) -> int:
+        """Passages of the version now served: the most hits a query can get."""
+        return len(self.holder.current.index.passage_keys)
+
     def describe(self) -> dict[str, Any]:
         """name, version (None: never saved), passages, memory_bytes, device, precision."""
         index = self.holder.current.index
@@ -365,6 +373,24 @@ class RetrievalService:
     @property
     def accepting(self) -> bool:
         return all(s.batcher.accepting for s in self.indexes.values())
+
+    def admit(self, limits: CostLimits, queries: Sequence[str], *, top_k: int, mode: str,
+              entities: Sequence[Sequence[str]] | None = None, index: str | None = None,
+              explain: bool = False, steps: int = 1) -> int:
+        """The request's estimated work (serve/budget.request_cost) on index `index`, when it is
+        within `limits`; call before `retrieve`, once per request (IRCoT: `steps` of them).
+
+        Raises:
+            UnknownIndexError: `index` is not served.
+            OverBudgetError: the estimate is over `limits.max_request_cost` (and is counted).
+        """
+        cost = request_cost(queries, entities, top_k=top_k, mode=mode, explain=explain,
+                            passages=self.get(index).passages, steps=steps)
+        if cost > limits.max_request_cost:
+            if self.metrics is not None:
+                self.metrics.rejected.labels(reason="over_budget").inc()
+            raise OverBudgetError(cost, limits.max_request_cost)
+        return cost
 
     async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: str,
                        entities: Sequence[Sequence[str]] | None = None,

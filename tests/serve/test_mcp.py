@@ -234,6 +234,37 @@ def test_streamable_http_with_token(sample_searcher: Any) -> None:
             assert r.headers["www-authenticate"] == "Bearer" and TOKEN not in r.text
 
 
+def test_the_tools_keep_the_work_budget(sample_searcher: Any) -> None:
+    """A call over `ServerConfig.cost` is a tool error naming the estimate and the limit (the
+    estimate of serve/budget.py, as HTTP's 413), counted; the session goes on."""
+    from hippo_gpu.serve.budget import request_cost
+    from hippo_gpu.serve.config import CostLimits
+    from tests.serve.test_metrics import delta, scrape
+
+    passages = len(sample_searcher.index.passage_keys)
+    with serving(sample_searcher, ServerConfig(cost=CostLimits(max_request_cost=60))) as (
+            url, _), httpx.Client(base_url=url, timeout=60) as http:
+        before = scrape(http)
+
+        async def run() -> None:
+            async with _http_client(url, None) as client:
+                # 0.22 x 29 + 5 + 4 x 30 = 131.4 units over 60
+                r = await client.call_tool("explain", {"query": QUESTIONS[0], "top_k": 30})
+                assert r.is_error
+                text = r.content[0].text
+                estimate = request_cost([QUESTIONS[0]], None, top_k=30, mode="hipporag2",
+                                        explain=True, passages=passages)
+                assert f"estimated {estimate} work units" in text and "limit of 60" in text
+                assert QUESTIONS[0] not in text
+                for tool, top_k in (("explain", 3), ("retrieve", 30)):
+                    r = await client.call_tool(tool, {"query": QUESTIONS[0], "top_k": top_k})
+                    assert not r.is_error, r.content
+
+        asyncio.run(run())
+        after = scrape(http)
+    assert delta(before, after, "hippo_rejected_requests_total", reason="over_budget") == 1
+
+
 def test_mcp_and_http_share_the_batcher(sample_searcher: Any) -> None:
     """An HTTP request and an MCP call sent together are answered in ONE batched call."""
     gate = Gate(sample_searcher)
