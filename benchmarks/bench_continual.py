@@ -17,15 +17,18 @@ benchmarks/continual_synthetic.py. The rest of this docstring is the first form.
     insert/build and delete/build wall-time ratios (targets: <= 25 % and <= 10 %) with the stage
     breakdown of each;
 (d) the counts of (b) against a full build of the whole corpus (made from the now-warm cache; its
-    time is not a denominator), the adjacency compared entry by entry, and hipporag2 Recall@k
-    and top-10 agreement on the first 100 questions;
+    time is not a denominator), the indexes compared by name (benchmarks/soak.py's
+    index_differences: counts, edges and weights and synonym pairs by phrase text and passage
+    key), and hipporag2 Recall@k, identical top-10 and the top-10 up to certified ties
+    (continual_synthetic.rankings_vs_build: differences beyond the two solves' bounds, must be
+    0) on the first 100 questions;
 (e) a stream of `--stream` single-passage inserts that ends at the whole corpus: a base of all
     but the last `--stream` passages (built from the warm cache), then one writer, one commit per
     passage, no embedding cache (each passage's texts are really encoded), no compaction until
     the end: ms per insert p50/p99 and the stage breakdown of the median one, the chain's cold
-    load, then the compaction and the compacted index against (d)'s full build (counts,
-    adjacency entry by entry, hipporag2 recall and top-10 agreement). `--stream 1000` is issue
-    23's musique check (a base of 890 passages).
+    load, then the compaction and the compacted index against (d)'s full build (counts, the
+    comparison by name, hipporag2 recall, top-10 agreement and certified ties). `--stream 1000`
+    is issue 23's musique check (a base of 890 passages).
 
 The Python import of sentence-transformers (paid once per process by any command) is measured
 apart and included in neither the build nor the insert; the encoder's model load is included in
@@ -111,14 +114,14 @@ def _stage_table(title: str, stages: dict[str, float], total: float) -> None:
 
 
 def _adjacency_diff(a: Any, b: Any) -> dict[str, Any]:
-    """Entry-by-entry comparison of two CSR adjacencies over the same node rows."""
-    same_structure = (torch.equal(a.adjacency.crow_indices(), b.adjacency.crow_indices())
-                      and torch.equal(a.adjacency.col_indices(), b.adjacency.col_indices()))
-    max_diff = (float((a.adjacency.values() - b.adjacency.values()).abs().max())
-                if same_structure and a.adjacency.values().numel() else None)
-    return {"same_structure": same_structure, "max_weight_diff": max_diff,
-            "same_phrases": a.phrases == b.phrases, "same_facts": a.facts == b.facts,
-            "same_passages": a.passage_keys == b.passage_keys}
+    """Two indexes compared by name (benchmarks/soak.py, index_differences): phrases, passages,
+    edges and weights by phrase text and passage key, never by row."""
+    from benchmarks.soak import index_differences
+
+    out = index_differences(a, b)
+    out.update(same_phrases=a.phrases == b.phrases, same_facts=a.facts == b.facts,
+               same_passages=a.passage_keys == b.passage_keys)
+    return out
 
 
 def _writer_phase(index_dir: Path, device: str, cache_dir: Path | None,
@@ -220,6 +223,14 @@ def main(args: argparse.Namespace) -> None:
     def agree(a: str, b: str) -> int:
         return sum(x[:10] == y[:10] for x, y in zip(ranked[a], ranked[b]))
 
+    from benchmarks.continual_synthetic import rankings_vs_build
+
+    texts = [q.question for q in questions]
+
+    def ties(a: Any, b: Any) -> dict[str, int]:
+        """top-10 of the questions up to certified ties (module docstring, (d))."""
+        return rankings_vs_build(a, b, texts, encoder=enc)
+
     def counts(idx: Any, basis: bool = False) -> dict[str, Any]:
         """The graph's stats, or (`basis`) the solved basis's without its wall time: a commit
         keeps no basis (hipporag2 iterates until a compaction solves it), so (b) and (c)
@@ -231,6 +242,7 @@ def main(args: argparse.Namespace) -> None:
     delete_equal = counts(shrunk) == counts(base)
     adjacency_insert = _adjacency_diff(grown, full)
     adjacency_delete = _adjacency_diff(shrunk, base)
+    ties_insert, ties_delete = ties(grown, full), ties(shrunk, base)
 
     # (e) a stream of single-passage inserts that ends at the whole corpus: a base of all but
     # the last --stream passages (built from the warm cache: its vectors are the full build's),
@@ -271,6 +283,7 @@ def main(args: argparse.Namespace) -> None:
     stream_equal = counts(streamed) == counts(full)
     basis_equal = counts(streamed, basis=True) == counts(full, basis=True)
     adjacency_stream = _adjacency_diff(streamed, full)
+    ties_stream = ties(streamed, full)
     del chain
     first, rest = per_insert[0], per_insert[1:] or per_insert
     p50, p99 = quantile(rest, 0.5), quantile(rest, 0.99)
@@ -278,15 +291,20 @@ def main(args: argparse.Namespace) -> None:
 
     def same_row(step: str, what: str, ref: str, equal: bool, adjacency: dict[str, Any],
                  extra: str = "") -> tuple[str, str, str]:
+        edges = adjacency["edges"]
         return (f"{step} counts {what} == {ref}", str(equal),
-                f"{extra}adjacency same structure {adjacency['same_structure']}, max |dw| "
-                f"{adjacency['max_weight_diff']}")
+                f"{extra}by name: equal {adjacency['equal']}, edges only one side "
+                f"{edges['only_final'] + edges['only_build']}, max |dw| "
+                f"{edges['max_weight_diff']:.3g}")
 
     def quality_rows(step: str, a: str, b: str) -> list[tuple[str, str, str]]:
         return [(f"{step} hipporag2 R@2/5/10 {a} | {b}",
                  "/".join(str(v) for v in quality[a].values()),
                  "/".join(str(v) for v in quality[b].values())),
-                (f"{step} identical top-10, {a} vs {b}", f"{agree(a, b)}/{len(questions)}", "")]
+                (f"{step} identical top-10, {a} vs {b}", f"{agree(a, b)}/{len(questions)}",
+                 f"beyond certified ties: {tied[step]['beyond_bounds']}")]
+
+    tied = {"(d)": ties_insert, "(c)": ties_delete, "(e)": ties_stream}
 
     # the table
     print("\n== continual indexing, musique_train "
@@ -349,6 +367,7 @@ def main(args: argparse.Namespace) -> None:
         "quality_hipporag2_recall": quality, "questions": len(questions),
         "top10_identical_insert_vs_full": agree("insert", "full"),
         "top10_identical_delete_vs_build": agree("delete", "build90"),
+        "top10_ties_insert_vs_full": ties_insert, "top10_ties_delete_vs_build": ties_delete,
         "stream_ms": {"first": round(first * 1e3, 1), "p50": round(p50 * 1e3, 1),
                       "p99": round(p99 * 1e3, 1), "n": len(rest),
                       "all": [round(x * 1e3, 1) for x in per_insert]},
@@ -360,6 +379,7 @@ def main(args: argparse.Namespace) -> None:
         "counts_stream_equal_full": stream_equal, "basis_stream_equal_full": basis_equal,
         "adjacency_stream_vs_full": adjacency_stream,
         "top10_identical_stream_vs_full": agree("stream", "full"),
+        "top10_ties_stream_vs_full": ties_stream,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     append_result_or_exit(results, line, allow_dirty=args.allow_dirty)

@@ -6,11 +6,17 @@ Builds a synthetic index (hash:64, `--passages`, exact synonym kNN), starts `hip
 least `--requests`, and until the last write is done) while a writer sends `--writes`
 single-passage writes spread over the requests (every third a delete), each followed by a probe
 query for the passage it wrote.
-Then it waits for the server's background compaction, compares the directory's final version
-with a fresh build of the final corpus, and prints and appends to
+Then it waits for the server's background compaction, asks the final version `--final-queries`
+queries per mode (top_k as above), and compares the directory's final version with a fresh
+build of the final corpus by what a user sees (benchmarks/soak.py: counts, edges and weights
+and synonym pairs by name, and each served ranking against the fresh build's up to certified
+ties — hipporag2 within the two solves' L1 bounds, the server's being its tol; dense, whose
+scores carry no certificate, within soak.UNCERTIFIED_TIE), and prints and appends to
 benchmarks/results/bench_soak.jsonl: requests, errors by status, writes, query latency p50/p99,
 versions seen, the violations of each guarantee (tests/serve/test_soak.py asserts them at a
-small size: all must be 0), the server's RSS (start, peak, end after the compaction), the
+small size: all must be 0), the final-vs-fresh-build comparison (`fresh_build`: rankings
+that differ and, which must be 0, that differ beyond the bounds), the server's RSS (start,
+peak, end after the compaction), the
 versions it still holds in memory at the end (its hippo_index_versions_in_memory gauge: 1) and
 the versions collected (directories removed) by the end. Exits 1 (after writing the line) when
 a guarantee broke.
@@ -47,6 +53,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=4_000, help="at least this many queries")
     ap.add_argument("--writes", type=int, default=120)
     ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--final-queries", type=int, default=20,
+                    help="queries per mode asked of the final version and of a fresh build")
     ap.add_argument("--knn-backend", default="faiss-flat",
                     help="synonym kNN of the index (default exact: from 50k phrases 'auto' is "
                          "the approximate ivf-join, and two approximate builds differ by the "
@@ -58,9 +66,12 @@ def _parse() -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> None:
+    import torch
+
     from benchmarks import soak as S
-    from hippo_gpu import build_index, load_index
-    from hippo_gpu.config import GraphConfig
+    from hippo_gpu import Searcher, build_index, load_index
+    from hippo_gpu.config import GraphConfig, RetrievalConfig
+    from hippo_gpu.ppr import default_tol
     from hippo_gpu.store import is_index_dir, read_manifest
     from hippo_gpu.synthetic import synthetic_corpus
 
@@ -92,13 +103,36 @@ def main(args: argparse.Namespace) -> None:
         time.sleep(3)  # the server removes the old versions just after the switch
         rss_end = server.rss_mb()
         in_memory = S.versions_in_memory(server)
+        asked = queries[:args.final_queries]
+        finals = asyncio.run(S.final_queries(server, asked, top_k=args.top_k, modes=MODES))
         tail = server.tail(2000)
     got = load_index(index_dir, device="cpu")
     want = build_index([{"title": r["title"], "text": r["text"]} for r in final.rows.values()],
                        files["openie"], None, encoder="hash:64", device="cpu", graph=graph)
-    same = got.passage_keys == want.passage_keys and \
-        {k: v for k, v in got.stats().items() if not k.startswith("basis_")} == \
-        {k: v for k, v in want.stats().items() if not k.startswith("basis_")}
+    fresh = S.index_differences(got, want)
+    # the served rankings against the fresh build's: hipporag2 within both certificates (the
+    # server's ≤ its tol, the server's default), dense within UNCERTIFIED_TIE
+    served_tol = default_tol(torch.float32)
+    offline = Searcher(want)
+    rankings: dict[str, dict[str, int]] = {}
+    for mode in MODES:
+        ranked = offline.rank(asked, top_k=args.top_k, mode=mode, config=RetrievalConfig())
+        hits = offline.to_hits(ranked)
+        count = {"queries": len(asked), "queries_differ": 0, "positions_differ": 0,
+                 "beyond_bounds": 0}
+        ppr_bound = ranked.ppr_bound
+        for i, q in enumerate(r for r in finals if r.mode == mode):
+            bound = 2 * S.UNCERTIFIED_TIE  # dense scores (and a dense fallback's): no certificate
+            if mode == "hipporag2" and ppr_bound is not None and not ranked.dense_fallback[i]:
+                bound = served_tol + float(ppr_bound[i])
+            d, b = S.ranking_differences([(h["key"], h["score"]) for h in q.hits or []],
+                                         [(h.key, h.score) for h in hits[i]], bound)
+            count["queries_differ"] += d > 0
+            count["positions_differ"] += d
+            count["beyond_bounds"] += b
+        rankings[mode] = count
+    fresh["rankings"] = rankings
+    same = fresh["equal"] and all(r["beyond_bounds"] == 0 for r in rankings.values())
     remaining = sorted(p.name for p in index_dir.iterdir() if p.is_dir() and
                        p.name[:1] in "vs" and p.name[1:].isdigit())
     record = {
@@ -115,6 +149,7 @@ def main(args: argparse.Namespace) -> None:
         "violation_examples": (S.version_violations(log, exhaustive=False) +
                                S.visibility_violations(log))[:3],
         "final_equals_fresh_build": same and is_index_dir(index_dir),
+        "fresh_build": fresh,
         "compaction_wait_s": round(compaction_wait_s, 1),
         "rss_mb": S.rss_summary(log, rss_end), "versions_in_memory_end": in_memory,
         "versions_created": final_version - start_version + 1,

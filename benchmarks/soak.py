@@ -17,7 +17,13 @@ What benchmarks/bench_soak.py measures and tests/serve/test_soak.py asserts, in 
   `version_violations` (a response names no version, or returns a passage its version lacks,
   or, when top_k covers the corpus, misses one its version holds: answered from one version,
   the one it names), `visibility_violations` (a request sent after a write's 200 names an older
-  version; a probe misses the passage just inserted).
+  version; a probe misses the passage just inserted);
+* the final version against a fresh build of the final corpus, by what a user sees (bench_soak,
+  tests/serve/test_soak.py and benchmarks/continual_synthetic.py use them): `index_differences`
+  (counts, edges and weights by name — phrase text or passage key, never a row number — synonym
+  pairs by name, through tests/test_writer.py's comparison) and `ranking_differences` (two
+  rankings of the same query up to certified ties: how many positions differ, and how many
+  differences no pair of solutions within their bounds can explain, which must be 0).
 
 Content of a version: the corpus its write left; a compaction's version (a new base) holds the
 content of the last write before it (the server serves it only when no write came meanwhile).
@@ -39,9 +45,14 @@ from typing import Any
 
 from benchmarks.common import subprocess_env
 
-__all__ = ["Corpus", "QueryRecord", "SoakLog", "WritableServer", "WriteOp", "WriteRecord",
-           "server_errors", "soak", "version_violations", "versions_in_memory",
-           "visibility_violations", "write_plan", "rss_mb"]
+__all__ = ["UNCERTIFIED_TIE", "Corpus", "QueryRecord", "SoakLog", "WritableServer", "WriteOp",
+           "WriteRecord", "index_differences", "ranking_differences", "server_errors", "soak",
+           "version_violations", "versions_in_memory", "visibility_violations", "write_plan",
+           "rss_mb"]
+
+# Scores with no certificate (dense's min-max cosines, hybrid's rank fusion) tie within this:
+# float32 GEMMs round differently with a batch's shape (padding, blocking), by ~1e-7..1e-6.
+UNCERTIFIED_TIE = 1e-6
 
 
 def rss_mb(pid: int) -> float:
@@ -416,3 +427,67 @@ def rss_summary(log: SoakLog, end_mb: float) -> dict[str, float]:
     start = values[0] if values else float("nan")
     return {"start": round(start, 1), "peak": round(max(values, default=float("nan")), 1),
             "end": round(end_mb, 1), "growth": round(end_mb - start, 1)}
+
+
+# -- the final version against a fresh build, by what a user sees -------------------------------
+
+
+def index_differences(got: Any, want: Any) -> dict[str, Any]:
+    """Two indexes compared by name (module docstring): `equal` is tests/test_writer.py's
+    assert_same_index (passages in order, phrases, facts, counts, vectors, edges and weights and
+    synonym pairs by name, the basis within its bounds) holding, `first_difference` its message
+    if not; the rest are the figures behind it: counts equal, edges by name (how many, only on
+    either side, the largest weight difference of the shared ones), synonym pairs likewise."""
+    from tests.test_writer import assert_same_index, content_stats, edge_weights, synonym_pairs
+
+    try:
+        assert_same_index(got, want)
+        equal, first = True, None
+    except AssertionError as e:
+        equal, first = False, str(e).splitlines()[0][:300] if str(e) else "assertion failed"
+    out: dict[str, Any] = {"equal": equal, "first_difference": first,
+                           "counts_equal": content_stats(got) == content_stats(want)}
+    for name, of in (("edges", edge_weights), ("synonym_pairs", synonym_pairs)):
+        a, b = of(got), of(want)
+        shared = a.keys() & b.keys()
+        out[name] = {"build": len(b), "only_final": len(a.keys() - b.keys()),
+                     "only_build": len(b.keys() - a.keys()),
+                     "max_weight_diff": max((abs(a[k] - b[k]) for k in shared), default=0.0)}
+    return out
+
+
+def ranking_differences(got: list[tuple[str, float]], want: list[tuple[str, float]],
+                        bound: float) -> tuple[int, int]:
+    """(positions whose keys differ, differences beyond the bounds) of two top-k lists of
+    (passage key, score), best first, each from a solve within its L1 bound of the same exact
+    scores x* (``bound``: the two bounds summed).
+
+    An L1 bound β bounds |e_a| + |e_b| for any two entries, so a list within β of x* and one
+    within β' order two passages a, b differently only if x* can tie them: with a before b in
+    ``got`` and b before a in ``want``, x*_a − x*_b ≥ (g_a − g_b) − β and x*_b − x*_a ≥
+    (w_b − w_a) − β', which contradict when (g_a − g_b) + (w_b − w_a) > β + β'. A passage a list
+    does not hold scores at most that list's last score, which stands in for it. Beyond the
+    bounds: each such contradicting pair, each passage both hold whose two scores differ by
+    more than the bound, and each passage one list holds that outscores the other's last by
+    more than the bound. Two exact methods may legitimately differ where scores lie within
+    their bounds; the first count says how often they did.
+    """
+    differ = sum(1 for i in range(max(len(got), len(want)))
+                 if i >= len(got) or i >= len(want) or got[i][0] != want[i][0])
+    g, w = dict(got), dict(want)
+    g_last = got[-1][1] if got else 0.0
+    w_last = want[-1][1] if want else 0.0
+    beyond = sum(1 for k in g.keys() & w.keys() if abs(g[k] - w[k]) > bound)
+    beyond += sum(1 for k in g.keys() - w.keys() if g[k] - w_last > bound)  # dropped there
+    beyond += sum(1 for k in w.keys() - g.keys() if w[k] - g_last > bound)
+    g_pos = {k: i for i, (k, _) in enumerate(got)}
+    w_pos = {k: i for i, (k, _) in enumerate(want)}
+    keys = list(g.keys() | w.keys())
+    for a in keys:  # a before b in got, b before a in want: top-k lists, so k² pairs at most
+        for b in keys:
+            in_got = a in g_pos and (b not in g_pos or g_pos[a] < g_pos[b])
+            in_want = b in w_pos and (a not in w_pos or w_pos[b] < w_pos[a])
+            if a != b and in_got and in_want:
+                gap = (g[a] - g.get(b, g_last)) + (w[b] - w.get(a, w_last))
+                beyond += gap > bound
+    return differ, beyond

@@ -29,10 +29,14 @@ the mass that entered p from v: the path seed -> v -> passage. The largest BRIDG
 the exact fixed point).
 
 **Error bound.** Each column is solved in float64 by the certified iteration (ppr/iteration.py,
-bound 3): ‖x̂_b − x̂*_b‖₁ ≤ ε_b. As x*_p = Σ_b a_b x̂*_b[p] exactly, the terms' sum is off the exact
-PPR by at most Σ_b a_b ε_b ≤ max_b ε_b, plus the float64 rounding of the products and the sum,
-(K + 8)·2⁻⁵³ Σ|t| for K terms. The hit's score came from the search's own solve, certified to
-its bound β (an L1 bound, so per entry too), plus the rounding of a float32 score (2⁻²³·score);
+bound 3): ‖x̂_b − x̂*_b‖₁ ≤ ε_b, where x̂_b is the float64 vector the solver returned and ε_b
+holds its rounding (ppr/rounding.py, R1). As x*_p = Σ_b a_b x̂*_b[p] exactly, the terms' sum is
+off the exact PPR by at most Σ_b a_b ε_b ≤ max_b ε_b, plus the float64 rounding of the weights a,
+the products and the sum, (K + 8)·2⁻⁵³ Σ|t| for K terms. The hit's score came from the search's
+own solve, certified to its bound β (an L1 bound, so per entry too), which is a bound of the
+score as returned, its float32 rounding included (R1; the float64 finish and the basis-push path
+add theirs too); the 2⁻²³·score added for a float32 score is that rounding counted once more, a
+margin kept so a score that went through one more float32 cast stays covered;
 a query the search answered by linearity (ppr_method basis_push) solved the target with E_P e
 in exact arithmetic instead of the float32 cosines (ppr/basis.py), which moves x by at most
 2‖Δr‖₁/σ (‖L‖₁ ≤ 1), added too. Each hit's ``bound`` is the sum: |Σ terms − score| ≤ bound.

@@ -4,6 +4,8 @@
   Chebyshev iterations with their certified stops, the round-off floor.
 - ``closed_form``: the passage rows of the PPR operator, solved once per index.
 - ``ordering``: reverse Cuthill–McKee order for the CPU kernel's gathers.
+- ``rounding``: the rounding of the returned vector that every bound adds (R1), and the refusal
+  of a tol below it (:class:`ToleranceError`).
 - ``solver``: :class:`PPRSolver`, built once per graph, and :func:`personalized_pagerank`.
 """
 
@@ -21,6 +23,7 @@ from hippo_gpu.ppr.iteration import (
     torch_step,
 )
 from hippo_gpu.ppr.ordering import rcm_permutation
+from hippo_gpu.ppr.rounding import ToleranceError
 from hippo_gpu.ppr.solver import PPRSolution, PPRSolver, personalized_pagerank
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "PPRSolution",
     "PPRSolver",
     "StepFn",
+    "ToleranceError",
     "Transition",
     "build_transition",
     "chebyshev_weights",

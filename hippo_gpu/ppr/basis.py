@@ -20,8 +20,18 @@ isolated node keeps 1 − d), so σ needs no solve.
 float64) takes non-negative reset vectors and returns normalised PPR with a certified L1 bound,
 so each dimension j is solved as the non-negative column b_j = E_P[:, j] + 1_P (embedding entries
 of unit rows lie in [−1, 1]) and then Z_j = L b_j − z1, with L b_j = σ_j x_j, σ_j = cᵀ b_j.
-If the solver certifies ‖x_j − x*_j‖₁ ≤ ε_j then ‖ΔZ_j‖₁ ≤ σ_j ε_j + ‖Δz1‖₁ =: δ_j (and
-‖Δz1‖₁ ≤ δ₁ := σ₁ ε₁, σ₁ = cᵀ 1_P). For a query, the dense half of (B1) is then off by at most
+The solver certifies the vector it returns, ‖x̂_j − x*(b̂_j)‖₁ ≤ ε_j, its float64 rounding
+included (hippo_gpu.ppr.rounding, R1), for the seed column b̂_j = fl(E_P[:, j] + 1) it was given
+(‖b̂_j − b_j‖₁ ≤ 2⁻⁵³‖b_j‖₁, and ‖L‖₁ ≤ 1). The column Y_j = fl(σ̂_j x̂_j) uses σ̂_j, a pairwise
+float64 sum of the products c_p b̂_p (σ̂_j = cᵀb̂_j (1 + θ), |θ| ≤ γ_{⌈log₂ P⌉+1}), so with
+‖x*‖₁ ≤ 1 at T
+
+    ‖Y_j − (L b_j)_T‖₁ ≤ σ̂_j ε_j + σ̂_j (2⁻⁵³(1 + ε_j) + θ(1 + θ)) + 2⁻⁵³ ‖b̂_j‖₁(1 + 2⁻⁵³)
+                       =: β_j,                                                              (B0)
+
+and Z_j = fl(Y_j − z1) adds 2⁻⁵³(‖Y_j‖₁ + ‖z1‖₁) (one rounding per entry). So
+‖ΔZ_j‖₁ ≤ β_j + δ₁ + 2⁻⁵³(‖Y_j‖₁ + ‖z1‖₁) =: δ_j, with δ₁ := β of the column 1_P (exact, no
+seed rounding) the bound of z1. For a query, the dense half of (B1) is then off by at most
 
     w (|α| Σ_j |e_j| δ_j + |β| δ₁ + γ),                                                   (B2)
 
@@ -35,8 +45,10 @@ the two targets differ by the scan's own round-off, which neither method certifi
 for a non-negative residual ρ, ‖(L ρ)_T‖₁ = hᵀρ exactly, with h = Lᵀ 1_T (h_v: the PPR mass a walk
 restarting at v leaves on passages). h solves h = (1 − d) 1_T + d D⁻¹A h; D⁻¹A is row-stochastic
 (or zero on a dangling row), so that map contracts by d in the max norm and after step k
-‖h_k − h*‖_∞ ≤ d/(1 − d)·‖h_k − h_{k−1}‖_∞. :func:`solve_basis` stores h_k plus that bound, an
-upper bound of h, so a push certified with it is certified for the true h. On the synthetic
+‖h_k − h*‖_∞ ≤ (d‖h_k − h_{k−1}‖_∞ + ε)/(1 − d), ε = (deg_max + 3)·2⁻⁵² ‖h_k‖_∞ the float64
+round-off of a step (each h_j sums deg + 1 non-negative terms, γ_{deg+1}; D⁻¹A is rounded by
+γ_{deg+2}). :func:`solve_basis` stores h_k plus that bound, an upper bound of h, so a push
+certified with it is certified for the true h. On the synthetic
 graphs most phrase mass stays on phrases (mean h ≈ 0.1 over phrases, 0.55 over passages), so
 this bound is ~10x tighter than ‖ρ‖₁.
 
@@ -69,12 +81,14 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.ppr.iteration import ConvergenceError, build_transition
+from hippo_gpu.ppr.rounding import pairwise_sum
 from hippo_gpu.ppr.solver import PPRSolver
 
 __all__ = ["BASIS_TOL", "PassageBasis", "passage_mass", "solve_basis"]
 
 BASIS_TOL = 1e-11  # per-column L1 tol of the float64 solves (relative to each column's mass)
 GEMM_ROUNDING = 2.0 ** -53  # float64 unit round-off
+U64 = GEMM_ROUNDING
 
 
 @dataclass(frozen=True)
@@ -161,16 +175,20 @@ def passage_mass(adjacency: Tensor, targets: Tensor, *, damping: float,
     # (indices of a coalesced tensor, swapped: valid, so the invariant check is skipped)
     m_t = torch.sparse_coo_tensor(coo.indices().flip(0), coo.values(), (n, n),
                                   check_invariants=False).coalesce().to_sparse_csr()
+    crow = m_t.crow_indices()
+    step_round = (int((crow[1:] - crow[:-1]).max()) + 3) * 2.0 ** -52 if n else 0.0
     base = torch.zeros(n, 1, dtype=torch.float64, device=adjacency.device)
     base[targets.to(adjacency.device)] = 1.0 - damping
     h = base.clone()
-    factor = damping / (1.0 - damping)
     for _ in range(max_iter):
         nxt = torch.addmm(base, m_t, h, beta=1.0, alpha=damping)
         delta = float((nxt - h).abs().max()) if n else 0.0
         h = nxt
-        if factor * delta <= tol:
-            return (h[:, 0] + factor * delta).cpu()
+        if damping / (1.0 - damping) * delta <= tol:
+            # (d Δ + ε)/(1 − d); each |difference| is within 2⁻⁵³ of itself: rounded up by 2⁻⁵⁰
+            bound = (damping * delta + step_round * float(h.max())) / (1.0 - damping) \
+                * (1.0 + 2.0 ** -50) if n else 0.0
+            return (h[:, 0] + bound).cpu()
     raise ConvergenceError(f"passage-mass solve did not reach {tol} in {max_iter} steps")
 
 
@@ -212,24 +230,31 @@ def solve_basis(adjacency: Tensor, passage_nodes: Tensor, passage_emb: Tensor, *
     per_col = 6 * 8 * n
     block = max(1, min(dim + 1, memory_budget // max(per_col, 1)))
     y = torch.empty(p, dim + 1, dtype=torch.float64)  # L b_j at T, then z1 in the last column
-    bounds = torch.empty(dim + 1, dtype=torch.float64)  # σ_j ε_j
+    bounds = torch.empty(dim + 1, dtype=torch.float64)  # β_j of eq. (B0)
+    depth = max(1, (p - 1).bit_length()) + 1  # ⌈log₂ P⌉ + 1: the pairwise sum and a product
+    theta = depth * U64 / (1.0 - depth * U64)
     steps = 0
     for a in range(0, dim + 1, block):
         b = min(a + block, dim + 1)
         seeds = torch.zeros(n, b - a, dtype=torch.float64)
         for j in range(a, b):
             seeds[targets, j - a] = emb[:, j] + 1.0 if j < dim else 1.0
-        sigma = (c_pass.unsqueeze(1) * seeds[targets]).sum(dim=0)  # [b - a] cᵀ b_j
+        sigma = pairwise_sum(c_pass.unsqueeze(1) * seeds[targets])  # [b - a] cᵀ b̂_j
+        b_norm = seeds[targets].sum(dim=0) * (1.0 + (p + 2) * U64)  # ‖b̂_j‖₁, rounded up
         solution = solver.solve(seeds.to(device))
         solution.raise_if_uncertified()
+        eps = solution.bound.cpu().to(torch.float64)
         y[:, a:b] = solution.scores.cpu() * sigma
-        bounds[a:b] = solution.bound.cpu().to(torch.float64) * sigma
+        bounds[a:b] = (sigma * (eps + U64 * (1.0 + eps) + theta * (1.0 + theta))
+                       + U64 * b_norm * (1.0 + U64)) * (1.0 + 4 * U64)  # (B0)
         steps = max(steps, int(solution.steps.max()))
         del seeds, solution
     z1 = y[:, dim].clone()
+    # Z_j = fl(Y_j − z1): one rounding per entry, 2⁻⁵³(‖Y_j‖₁ + ‖z1‖₁) (module docstring)
+    subtract = U64 * (y[:, :dim].abs().sum(dim=0) + z1.abs().sum()) * (1.0 + (p + 2) * U64)
     z = y[:, :dim].sub_(z1.unsqueeze(1)).contiguous()
     z1_bound = float(bounds[dim])
     h = passage_mass(adjacency.to(device), targets, damping=damping)
-    return PassageBasis(z=z, z1=z1, h=h, col_bound=bounds[:dim] + z1_bound,
+    return PassageBasis(z=z, z1=z1, h=h, col_bound=bounds[:dim] + z1_bound + subtract,
                         z1_bound=z1_bound, z_norm1=z.abs().sum(dim=0), damping=float(damping),
                         tol=float(tol), steps=steps, seconds=time.perf_counter() - t0)

@@ -29,7 +29,8 @@ Normalising (y* ≥ 0, σ = 1ᵀy > 0, entries of y of either sign): x − x* = 
 y*(σ* − σ)/(σ σ*) and |σ* − σ| = |1ᵀ(y* − y)| ≤ ‖y − y*‖₁, so ‖x − x*‖₁ ≤ 2‖y − y*‖₁ / σ.
 Clamping negative entries to 0 before normalising only shrinks each |y_i − y*_i| (y*_i ≥ 0) and
 grows σ, so the bound holds for the clamped, renormalised output too. A column stops at the first
-checked step where 2·(bound of (3))/σ ≤ ``tol``. The bound is on the L1 error, so it also bounds
+checked step where 2·(bound of (3))/σ + ω ≤ ``tol``, ω the rounding of the returned vector
+(below, "What is returned is rounded"). The bound is on the L1 error, so it also bounds
 the max abs error; it uses only the measured residual, never a spectral estimate, so it holds for
 every method below. (In float32 it is certified up to the round-off of computing ρ itself.)
 
@@ -94,27 +95,47 @@ above the float32 default tol 1e-6 on larger or denser graphs). Three rules foll
 
 1. *Every float32 certificate is checked in float64.* When a column's float32 bound meets tol
    (or its top-k certificate holds), its iterate y is re-checked: with g₆₄ = (1−d) r̂ + d M₆₄ y
-   computed in float64 (M₆₄ kept beside the float32 operator, sharing its indices),
-   ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁ (torch path, which returns g) or
-   ‖y − y*‖₁ ≤ ‖g₆₄ − y‖₁/(1−d) (kernel, which returns y), each plus 2⁻²³ for r̂ rounded into
-   float32 (‖L‖₁ ≤ 1) and the float64 round-off of the longest row's sum. That float64 bound
-   is the one reported. A refuted column iterates on (a step shrinks the true residual too,
-   down to float32's own floor) and is checked again.
+   computed in float64 (M₆₄ kept beside the float32 operator, sharing its indices), and g* the
+   same step in exact arithmetic, ‖g₆₄ − g*‖₁ ≤ ε₆₄ = (deg_max + 4)·2⁻⁵² (each g_i sums
+   deg(i) + 1 non-negative-weighted terms, γ_{deg+1}·((1−d) + d‖y‖₁); M₆₄ is M rounded by
+   γ_{deg+2}, d‖y‖₁ more; r̂ and (1−d) r̂ rounded in float64, 3·2⁻⁵³(1−d); ‖y‖₁ ≤ 1 + tol). By
+   (3) applied to g*, ‖g* − y*‖₁ ≤ d/(1−d) ‖g* − y‖₁, so
+
+       ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁ + ε₆₄/(1−d)     (torch path, returns g)
+       ‖y − y*‖₁ ≤ (‖g₆₄ − y‖₁ + ε₆₄) / (1−d)                        (kernel, returns y)
+
+   each plus what r̂ rounded into float32 moves y* (2⁻²³ in the torch path, which rounds r̂ and
+   (1−d) r̂; (1−d)·2⁻²⁴ in residual units in the kernel; ‖L‖₁ ≤ 1). Normalised as above, that
+   float64 bound, times :func:`~hippo_gpu.ppr.rounding.inflation` for the float64 sums it is
+   computed from, is the one reported. A refuted column iterates on (a step shrinks the true
+   residual too, down to float32's own floor) and is checked again.
 2. *A stall is detected, not waited out.* In exact arithmetic the bound falls geometrically (the
    power iteration contracts ρ by d per step in L1, ‖dM‖₁ ≤ d; Chebyshev faster), so it halves
    at least every ⌈ln 2 / ln(1/d)⌉ steps. A column whose float32 bound has not halved in
    ``stall_steps(d)`` = max(8, 4⌈ln 2 / ln(1/d)⌉) steps, or whose certificate was refuted that
    many times, is at its floor: it stops at once ("stalled") instead of running to max_iter.
 3. *Stalled columns are finished in float64.* :class:`~hippo_gpu.ppr.PPRSolver` solves exactly
-   those columns again in float64 (the kept operator), to the same tol: float64's floor is
-   ~2⁻²⁹ of float32's, so it certifies any tol above ~1e-13 on every graph we build, and the
-   float32 columns that passed keep float32's speed. The returned scores are float32, which
-   adds the rounding of a distribution (≤ 2⁻²⁴ in L1) to the certified bound.
+   those columns again in float64 (the kept operator), its bound holding ε₆₄ too, to tol − ω
+   below: float64's floor is ~2⁻²⁹ of float32's, so it certifies any tol the float32 result can
+   hold, and the float32 columns that passed keep float32's speed.
+
+**What is returned is rounded, and the bound says so.** Every bound reported above is of the
+vector returned: x clamped, normalised in float64 and rounded into the result's dtype
+(:func:`~hippo_gpu.ppr.rounding.normalise`, the kernel's emit), so it adds ω(dtype, N) of
+hippo_gpu.ppr.rounding eq. (R1) (2⁻²⁴ for a float32 result; ~4e-15 for float64), and a column
+stops when (bound of (3)) + ω ≤ ``tol``. A float32 column finished in float64 reports its float64
+bound (holding float64's ω) plus float32's ω for the cast. A tol at or below that floor is
+refused before any step (:class:`~hippo_gpu.ppr.rounding.ToleranceError`, naming the smallest
+tol the dtype and float64 can certify). Bounds are float64 tensors: a float32 bound would round
+below the float64 value it stands for half the time.
 
 Only a column that runs out of ``max_iter`` steps while its bound still falls (or one that
-stalls in float64 too: a tol below float64 round-off) is left uncertified; the solver then raises
-:class:`ConvergenceError` naming those columns, and :meth:`PPRSolver.solve` returns them marked,
-so a caller can fail those queries alone.
+stalls in float64 too: a tol just above the float64 floor) is left uncertified; the solver then
+raises :class:`ConvergenceError` naming those columns, and :meth:`PPRSolver.solve` returns them
+marked, so a caller can fail those queries alone. A float64 solve's own bound is computed from
+its float64 residual without ε₆₄ (its round-off, ~4e-13 in bound units on musique's passage
+graph at deg_max 379: far below the float64 default tol 1e-11, but not added), except for the
+float64 finish of float32 columns, which adds it.
 """
 
 from __future__ import annotations
@@ -127,6 +148,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.ppr.rounding import check_tol, inflation, normalise, output_rounding
 
 __all__ = [
     "DEFAULT_MAX_ITER",
@@ -191,7 +213,8 @@ class PPRResult:
             ``tol`` or, with ``top_k``, the top-k certificate) and frozen; max_iter if never,
             the step it stopped at if it stalled. Checks are spaced by the observed decay, so
             this can exceed the first possible step.
-        error_bound: [Q] L1 error bound of each column's returned scores.
+        error_bound: [Q] float64 L1 error bound of each column's returned scores (their
+            rounding included: module docstring).
         certified: [Q] bool, the columns that met ``tol`` or the top-k certificate.
         stalled: [Q] bool, the columns stopped at their round-off floor above ``tol``.
     """
@@ -375,6 +398,7 @@ def ppr_iterate(
     target_rows: Tensor | None = None,
     step: StepFn | None = None,
     exact: Transition | None = None,
+    round_off: float = 0.0,
 ) -> PPRResult:
     """Power iteration y ← (1−d) r̂ + d M y for all Q columns at once; returns x = y / 1ᵀy.
 
@@ -390,12 +414,18 @@ def ppr_iterate(
         step: replaces the torch step of :data:`StepFn` (e.g. a fused kernel).
         exact: the same operator in float64, for a float32 ``reset``: each certificate is
             checked on the float64 residual, and a column failing it returns stalled.
+        round_off: an L1 bound of the round-off of one computed step, ‖ĝ − g*‖₁ (residual
+            units), added to every bound: the float64 finish passes ε₆₄ (module docstring).
 
     Returns:
         :class:`PPRResult` with scores [N, Q].
+
+    Raises:
+        ToleranceError: ``tol`` is at or below the rounding of the result's dtype.
     """
     return _solve(transition, reset, None, tol=tol, max_iter=max_iter, normalised=normalised,
-                  top_k=top_k, target_rows=target_rows, step=step, exact=exact)
+                  top_k=top_k, target_rows=target_rows, step=step, exact=exact,
+                  round_off=round_off)
 
 
 def ppr_chebyshev(
@@ -409,6 +439,7 @@ def ppr_chebyshev(
     target_rows: Tensor | None = None,
     step: StepFn | None = None,
     exact: Transition | None = None,
+    round_off: float = 0.0,
 ) -> PPRResult:
     """Chebyshev semi-iteration (eq. 4) for all Q columns at once; returns x = y / 1ᵀy.
 
@@ -417,7 +448,8 @@ def ppr_chebyshev(
     """
     weights = chebyshev_weights(transition.damping, max_iter)
     return _solve(transition, reset, weights, tol=tol, max_iter=max_iter, normalised=normalised,
-                  top_k=top_k, target_rows=target_rows, step=step, exact=exact)
+                  top_k=top_k, target_rows=target_rows, step=step, exact=exact,
+                  round_off=round_off)
 
 
 def _solve(
@@ -432,26 +464,32 @@ def _solve(
     target_rows: Tensor | None,
     step: StepFn | None = None,
     exact: Transition | None = None,
+    round_off: float = 0.0,
 ) -> PPRResult:
     """The shared loop: ``weights`` None is the power iteration, else eq. (4) with those ω."""
     n = transition.num_nodes
     r_hat = reset if normalised else normalised_seeds(reset, n)
-    tol = default_tol(r_hat.dtype) if tol is None else float(tol)
-    if tol <= 0 or max_iter < 1:
-        raise ValueError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+    tol = default_tol(r_hat.dtype) if tol is None else tol
+    tol = check_tol(tol, r_hat.dtype, n)  # refuse a tol below the output's rounding, up front
+    if max_iter < 1:
+        raise ValueError(f"need max_iter >= 1, got max_iter={max_iter}")
     top_k = check_top_k(top_k)
     d = transition.damping
     q, dev = r_hat.shape[1], r_hat.device
+    omega = output_rounding(r_hat.dtype, n)  # (R1): the rounding of the returned columns
+    grow = inflation(n)  # the float64 sums a bound is computed from
     iterations = torch.full((q,), max_iter, dtype=torch.int64, device=dev)
-    bound = torch.full((q,), math.inf, dtype=r_hat.dtype, device=dev)
+    bound = torch.full((q,), math.inf, dtype=torch.float64, device=dev)
     stalled = torch.zeros(q, dtype=torch.bool, device=dev)
-    if d == 0.0:  # no walk: x = r̂ exactly
-        return PPRResult(r_hat.clone(), iterations.zero_(), bound.zero_(), ~stalled, stalled)
+    if d == 0.0:  # no walk: x = r̂ exactly, up to its rounding
+        return PPRResult(normalise(r_hat), iterations.zero_(), bound.fill_(omega), ~stalled,
+                         stalled)
     patience = stall_steps(d)
-    halved = torch.full((q,), math.inf, dtype=r_hat.dtype, device=dev)  # bound when last halved
+    halved = torch.full((q,), math.inf, dtype=torch.float64, device=dev)  # bound when halved
     halved_at = torch.zeros(q, dtype=torch.int64, device=dev)  # ... and at which step
     refuted = torch.zeros(q, dtype=torch.int64, device=dev)  # float64 refutations so far
     step = torch_step(transition) if step is None else step
+    check = None if exact is None else _Check(exact, omega, grow)
     scores = torch.empty_like(r_hat)  # [N, Q], filled as columns finish
     met = torch.zeros(q, dtype=torch.bool, device=dev)
     cols = torch.arange(q, device=dev)  # original column of each open column
@@ -460,26 +498,26 @@ def _solve(
     y_prev = r_hat.clone() if weights is not None else y
     g = torch.empty_like(y)
     factor = d / (1.0 - d)  # (3): ‖g − y*‖₁ ≤ d/(1−d) ‖ρ‖₁
+    slack = round_off / (1.0 - d)  # a step's round-off ε moves that by ε/(1−d) (docstring)
     # The residual costs ~40 % of an SpMM on the CPU and a device sync, so after the first checks
     # we extrapolate the observed decay and check next where tol should be met (every step with
     # top_k, whose certificate can hold any time).
     next_check, last_check, last_worst = 1, 0, math.inf
     for k in range(1, max_iter + 1):
         measure = top_k > 0 or k == next_check or k == max_iter
-        omega = None if weights is None else weights[k - 1]
-        measured = step(base, y, y_prev, g, omega, measure)
+        omega_k = None if weights is None else weights[k - 1]
+        measured = step(base, y, y_prev, g, omega_k, measure)
         if measured is not None:
-            residual, mass = measured
-            err = factor * residual  # bounds ‖g − y*‖₁ per open column
-            now = torch.where(mass > 0, 2.0 * err / mass, math.inf)
-            ok, stall, halved, halved_at, refuted = _classify(
-                k, now, err, base, y, g, halved, halved_at, refuted, tol=tol, top_k=top_k,
-                target_rows=target_rows, patience=patience, exact=exact)
+            residual, mass = (t.to(torch.float64) for t in measured)
+            err = (factor * residual + slack) * grow  # bounds ‖g − y*‖₁ per open column
+            solve = torch.where(mass > 0, 2.0 * err / mass * grow, math.inf)
+            ok, stall, now, halved, halved_at, refuted = _classify(
+                k, solve, err, base, y, g, halved, halved_at, refuted, tol=tol, omega=omega,
+                top_k=top_k, target_rows=target_rows, patience=patience, check=check)
             finish = ok | stall | (k == max_iter)
             if bool(finish.any()):
                 idx = torch.nonzero(finish).flatten()
-                out = g.index_select(1, idx).clamp_(min=0)
-                scores[:, cols[idx]] = out / out.sum(dim=0, keepdim=True)
+                scores[:, cols[idx]] = normalise(g.index_select(1, idx).clamp_(min=0))
                 iterations[cols[idx]] = torch.where(ok[idx] | stall[idx], k, max_iter)
                 bound[cols[idx]] = now[idx]
                 met[cols[idx]] = ok[idx]
@@ -487,12 +525,12 @@ def _solve(
                 keep = torch.nonzero(~finish).flatten()
                 if keep.numel() == 0:
                     break
-                cols, now = cols[keep], now[keep]
+                cols, solve = cols[keep], solve[keep]
                 halved, halved_at, refuted = halved[keep], halved_at[keep], refuted[keep]
                 base, y, g = base[:, keep], y[:, keep], g[:, keep]
                 y_prev = y_prev[:, keep] if weights is not None else y
-            worst = float(now.max())
-            next_check = k + _steps_to_tol(worst, last_worst, k - last_check, tol)
+            worst = float(solve.max())  # the decay of the solve's bound, without ω
+            next_check = k + _steps_to_tol(worst, last_worst, k - last_check, tol - omega)
             last_check, last_worst = k, worst
         if weights is None:
             y, g = g, y  # y_{k+1} = g_k
@@ -502,53 +540,71 @@ def _solve(
     return PPRResult(scores, iterations, bound, met, stalled)
 
 
-def _classify(k: int, now: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tensor,
-              halved: Tensor, halved_at: Tensor, refuted: Tensor, *, tol: float, top_k: int,
-              target_rows: Tensor | None, patience: int,
-              exact: Transition | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(certified, stalled, halved, halved_at, refuted) of the open columns at a checked step k:
-    the bound or the top-k certificate, the halving record of the stall rule, and (``exact``)
-    the float64 re-check of every float32 certificate (module docstring, "Round-off floor"): a
-    refuted column iterates on, and counts as stalled after ``patience`` refutations."""
+def _classify(k: int, solve: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tensor,
+              halved: Tensor, halved_at: Tensor, refuted: Tensor, *, tol: float, omega: float,
+              top_k: int, target_rows: Tensor | None, patience: int,
+              check: _Check | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(certified, stalled, bound, halved, halved_at, refuted) of the open columns at a checked
+    step k from their solve bounds [Q'] (float64, without ω): the bound with ω against tol or
+    the top-k certificate, the halving record of the stall rule (on the solve bound: ω does not
+    halve), and (``check``) the float64 re-check of every float32 certificate (module
+    docstring, "Round-off floor"): a refuted column iterates on, and counts as stalled after
+    ``patience`` refutations. ``bound`` is what a finishing column reports."""
+    now = solve + omega
     ok = now <= tol
     if top_k:
         ok |= _topk_certified(g, target_rows, top_k, err)
-    halving = now <= 0.5 * halved
-    halved = torch.where(halving, now, halved)
+    halving = solve <= 0.5 * halved
+    halved = torch.where(halving, solve, halved)
     halved_at = torch.where(halving, k, halved_at)
     stall = ~ok & (k - halved_at >= patience)  # at the round-off floor
-    if exact is not None and bool(ok.any()):
-        held = _verify64(exact, base, y, g, ok, now, tol, top_k, target_rows)
+    if check is not None and bool(ok.any()):
+        held = check.verify(base, y, g, ok, now, tol, top_k, target_rows)
         refuted = refuted + (ok & ~held).to(refuted.dtype)
         stall |= ok & ~held & (refuted >= patience)
         ok &= held
-    return ok, stall, halved, halved_at, refuted
+    return ok, stall, now, halved, halved_at, refuted
 
 
-def _verify64(exact: Transition, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor,
-              tol: float, top_k: int, target_rows: Tensor | None) -> Tensor:
-    """[Q'] bool: which ``ok`` columns keep their certificate on the float64 residual; ``now``
-    gets their float64 bounds (in place).
+class _Check:
+    """The float64 re-check of float32 certificates (module docstring, "Round-off floor", 1)
+    against ``exact`` (M₆₄), with ω and the inflation of the result."""
 
-    With g₆₄ = (1−d) r̂ + d M₆₄ y in float64 (base = (1−d) r̂ as stored), (3) gives
-    ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁, plus 2⁻²³ for r̂ rounded twice into float32
-    (‖L‖₁ ≤ 1) and the float64 round-off of the sums (module docstring, "Round-off floor").
-    """
-    d = exact.damping
-    idx = torch.nonzero(ok).flatten()
-    y64 = y.index_select(1, idx).double()
-    g32 = g.index_select(1, idx).double()
-    g64 = torch.addmm(base.index_select(1, idx).double(), exact.matrix, y64, beta=1.0, alpha=d)
-    err = (g32 - g64).abs().sum(dim=0) + d / (1 - d) * (g64 - y64).abs().sum(dim=0) + 2.0 ** -23
-    mass = g32.sum(dim=0)
-    bound = torch.where(mass > 0, 2.0 * err / mass, math.inf)
-    held = bound <= tol
-    if top_k:
-        held |= _topk_certified(g.index_select(1, idx), target_rows, top_k, err.to(g.dtype))
-    now[idx] = bound.to(now.dtype)
-    out = torch.zeros_like(ok)
-    out[idx] = held
-    return out
+    def __init__(self, exact: Transition, omega: float, grow: float) -> None:
+        m = exact.matrix
+        crow = m.crow_indices()
+        deg_max = int((crow[1:] - crow[:-1]).max()) if m.shape[0] else 0
+        self.exact, self.omega, self.grow = exact, omega, grow
+        d = exact.damping
+        # ε₆₄/(1−d) for the float64 step, 2⁻²³ for r̂ and (1−d) r̂ rounded into float32
+        self.slack = (deg_max + 4) * 2.0 ** -52 / (1.0 - d) + 2.0 ** -23
+
+    def verify(self, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor, tol: float,
+               top_k: int, target_rows: Tensor | None) -> Tensor:
+        """[Q'] bool: which ``ok`` columns keep their certificate on the float64 residual;
+        ``now`` (float64) gets their float64 bounds, ω included (in place).
+
+        With g₆₄ = (1−d) r̂ + d M₆₄ y in float64 (base = (1−d) r̂ as stored),
+        ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁ + ``slack`` (module docstring).
+        """
+        d = self.exact.damping
+        idx = torch.nonzero(ok).flatten()
+        y64 = y.index_select(1, idx).double()
+        g32 = g.index_select(1, idx).double()
+        g64 = torch.addmm(base.index_select(1, idx).double(), self.exact.matrix, y64, beta=1.0,
+                          alpha=d)
+        err = (g32 - g64).abs().sum(dim=0) + d / (1 - d) * (g64 - y64).abs().sum(dim=0) \
+            + self.slack
+        err = err * self.grow  # the float64 sums over N rows it was computed from
+        mass = g32.sum(dim=0)
+        bound = torch.where(mass > 0, 2.0 * err / mass * self.grow, math.inf) + self.omega
+        held = bound <= tol
+        if top_k:
+            held |= _topk_certified(g.index_select(1, idx), target_rows, top_k, err)
+        now[idx] = bound
+        out = torch.zeros_like(ok)
+        out[idx] = held
+        return out
 
 
 def check_top_k(top_k: int | None) -> int:
@@ -563,14 +619,15 @@ def _topk_certified(z: Tensor, rows: Tensor | None, k: int, eps: Tensor) -> Tens
     """[Q'] bool: every consecutive gap among the k + 1 largest ``z[rows]`` exceeds ``eps``.
 
     ``eps`` [Q'] bounds ‖z − z*‖₁ per column, so the top k and their order are those of z*
-    (module docstring, "Certified top-k exit").
+    (module docstring, "Certified top-k exit"). The gaps are taken in float64, where the
+    difference of two float32 scores is exact.
     """
     vals = z if rows is None else z.index_select(0, rows)  # [T, Q']
     m = min(k + 1, vals.shape[0])
     if m < 2:
         return torch.ones(z.shape[1], dtype=torch.bool, device=z.device)
-    top = vals.topk(m, dim=0).values  # [m, Q'], descending
-    return ((top[:-1] - top[1:]) > eps).all(dim=0)
+    top = vals.topk(m, dim=0).values.to(torch.float64)  # [m, Q'], descending
+    return ((top[:-1] - top[1:]) > eps.to(torch.float64)).all(dim=0)
 
 
 def _steps_to_tol(worst: float, previous: float, gap: int, tol: float) -> int:

@@ -6,18 +6,31 @@ dense scan), with w = passage_node_weight and α, β the min-max coefficients of
 
     y_T = p_T + w (α Z e + β z1),     x_T = y_T / σ,     σ = cᵀ s + w (α vᵀe + β cᵀ1_P)      (L1)
 
-where p is the push estimate of L s (push.py, eq. P1) and v = E_Pᵀ c_P, so σ = cᵀ r is exact
-(basis.py: c_j = 1 − d·[j dangling]). The error of x_T in L1 is at most
+where p is the push estimate of L s (push.py, eq. P1) and v = E_Pᵀ c_P, so σ = cᵀ r in exact
+arithmetic (basis.py: c_j = 1 − d·[j dangling]). With ŷ, σ̂ as computed in float64 and x* = y*_T/σ
+(‖y*_T‖₁ ≤ σ), ‖ŷ/σ̂ − x*‖₁ ≤ ‖ŷ − y*_T‖₁/σ̂ + |σ̂ − σ|/σ̂, so the error of the returned x̂_T in L1
+is at most
 
-    (hᵀρ + w·B2) / σ + 2⁻²⁴                                                              (L2)
+    (hᵀρ + w·B2 + Δσ) / σ̂ + ω_L                                                          (L2)
 
-(push.py P2, basis.py B2, and the float32 rounding of the returned distribution). The push is
-given exactly the budget tol·σ − w·B2 − 2⁻²⁴σ, so a query it finishes is certified to ``tol``
-like an iterated one. A query whose seeds reach more than ``MAX_REDUCTION`` times its budget
-(hᵀs > 2¹⁰·budget: a push would sweep most of the graph), whose push passes ``work_cap`` edges
-(``PUSH_WORK_FRACTION`` of the graph's edges) or whose budget is not positive is solved by the
-caller's iteration on its full reset vector, today's path, so every query is certified either
-way and none costs much more than before. The exact target of (L1) takes E_P e in exact
+(push.py P2, basis.py B2), where Δσ bounds |σ̂ − σ|: the float64 dot products of σ̂ (the seeds'
+index_add over at most S terms, γ_{S+2} of a non-negative sum; e·v̂, D terms; v̂ itself a pairwise
+sum over P passages with error γ_{⌈log₂ P⌉+1} |E_P|ᵀc_P per entry; α, β and cᵀ1_P rounded once
+each; one rounding per remaining operation),
+
+    Δσ = γ_{S+4} cᵀs + w (|α| γ_{D+⌈log₂ P⌉+4} (2|e|ᵀa + |e·v̂|) + |β| γ₄ cᵀ1_P) + γ₄ σ̂,
+
+with a = |E_P|ᵀ c_P, and ω_L = (exp(u + 3·2⁻⁵³) − 1)·‖ŷ‖₁/σ̂·(1 + 2⁻²⁰) + 2P t the rounding of
+x̂ = fl(fl(ŷ)/σ̂) in the result's dtype (u, t as in hippo_gpu.ppr.rounding, R1: the sum
+ŷ = dense + p, the division and the cast, one rounding each). The reported bound is (L2) with
+ω_L measured and its first term times g = hippo_gpu.ppr.rounding.inflation(P) (the float64 sums
+it is computed from). The push is given the budget (tol − ω⁰_L)σ̂/g − w·B2 − Δσ, with ω⁰_L the
+same term at ‖ŷ‖₁/σ̂ = 1 + tol (which a column within its bound cannot exceed), so a query it
+finishes is certified to ``tol`` like an iterated one. A query whose seeds reach more than
+``MAX_REDUCTION`` times its budget (hᵀs > 2¹⁰·budget: a push would sweep most of the graph),
+whose push passes ``work_cap`` edges (``PUSH_WORK_FRACTION`` of the graph's edges) or whose
+budget is not positive is solved by the caller's iteration on its full reset vector, today's
+path, so every query is certified either way and none costs much more than before. The exact target of (L1) takes E_P e in exact
 arithmetic (basis.py); today's iteration feeds the float32 cosines into r instead.
 """
 
@@ -32,6 +45,7 @@ from torch import Tensor
 
 from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.ppr.push import PushOperator, PushResult
+from hippo_gpu.ppr.rounding import check_tol, inflation, pairwise_sum, unit_roundoff
 from hippo_gpu.ppr.solver import PPRSolution
 
 __all__ = ["MAX_REDUCTION", "PUSH_WORK_FRACTION", "LinearPPR", "LinearSolution", "available"]
@@ -49,7 +63,12 @@ PUSH_WORK_FRACTION = 4.0
 # 2¹¹-2¹⁴ and scan 1-3x the graph's edges; the 100k synthetic index's need ~2⁷-2⁸ and scan
 # 0.002-0.35x.
 MAX_REDUCTION = 2.0 ** 10
-ROUNDING32 = 2.0 ** -24  # float32 rounding of the returned distribution (L1, relative)
+U64 = 2.0 ** -53  # float64 unit round-off
+
+
+def _gamma(k: int) -> float:
+    return k * U64 / (1.0 - k * U64)
+
 
 def available() -> bool:
     """Whether the push kernel (numba, extra 'kernels') can run here."""
@@ -90,8 +109,15 @@ class LinearPPR:
         keep = 1.0 - self.damping * dangling.to(torch.float64)  # [N] c = 1ᵀL
         self.keep = keep
         c_pass = keep[passage_nodes.cpu()]
-        self.v = passage_emb.cpu().to(torch.float64).T @ c_pass  # [D] E_Pᵀ c_P
-        self.c_pass_sum = float(c_pass.sum())
+        emb = passage_emb.cpu().to(torch.float64)
+        self.v = pairwise_sum(emb * c_pass.unsqueeze(1))  # [D] E_Pᵀ c_P
+        p = emb.shape[0]
+        # a = |E_P|ᵀ c_P, rounded up, for Δσ of eq. (L2)
+        self.v_abs = (emb.abs().T @ c_pass) * (1.0 + _gamma(p + 2))
+        # cᵀ1_P from the two counts: c_p is 1 or 1 − d, so two roundings instead of P
+        dangling_passages = int((c_pass != 1.0).sum())
+        self.c_pass_sum = (p - dangling_passages) + dangling_passages * (1.0 - self.damping)
+        self.sum_depth = max(1, (p - 1).bit_length()) + 1  # of v̂'s pairwise sum, and a product
         self.work_cap = max(1, int(PUSH_WORK_FRACTION * self.push_op.nnz))
 
     def solve(self, seed_query: Tensor, seed_node: Tensor, seed_weight: Tensor, e: Tensor,
@@ -107,12 +133,16 @@ class LinearPPR:
             weight: w, the passage_node_weight.
             tol: the L1 tol to certify.
             fallback: solves the given columns by the iteration (on their full reset vectors).
-            dtype: of the returned scores (float32 adds its rounding, 2⁻²⁴, to the bound).
+            dtype: of the returned scores (its rounding is in the bound, eq. L2).
             lap: called with "basis", "push" and (if any column iterated) "ppr" as each part
                 ends (the Searcher's stage clock).
         """
         lap = lap or (lambda name: None)
-        rounding = ROUNDING32 if dtype == torch.float32 else 2.0 ** -52
+        p_rows = cos.shape[1]
+        tol = check_tol(tol, dtype, p_rows)  # a tol below the result's rounding: refused
+        u_out, tiny = unit_roundoff(dtype), torch.finfo(dtype).tiny
+        per_unit = math.expm1(u_out + 3 * U64) * (1.0 + 2.0 ** -20)  # ω_L per unit of ‖ŷ‖₁/σ̂
+        grow = inflation(p_rows)
         c = cos.shape[0]
         lo = cos.amin(dim=1).double().cpu()
         hi = cos.amax(dim=1).double().cpu()
@@ -128,17 +158,27 @@ class LinearPPR:
         w_seed = seed_weight.cpu().to(torch.float64)
         phrase_mass = torch.zeros(c, dtype=torch.float64).index_add_(
             0, seed_query.cpu(), w_seed * self.keep[seed_node.cpu()])
-        sigma = phrase_mass + weight * (alpha * (e64 @ self.v) + beta * self.c_pass_sum)
-        budget = tol * sigma - dense_bound - rounding * sigma
+        ev = e64 @ self.v  # [c]
+        sigma = phrase_mass + weight * (alpha * ev + beta * self.c_pass_sum)
+        seeds_each = int(torch.bincount(seed_query.cpu(), minlength=c).max()) if c else 0
+        sigma_err = (_gamma(seeds_each + 4) * phrase_mass
+                     + weight * (alpha.abs() * _gamma(e64.shape[1] + self.sum_depth + 4)
+                                 * (2.0 * (e64.abs() @ self.v_abs) + ev.abs())
+                                 + beta.abs() * _gamma(4) * self.c_pass_sum)
+                     + _gamma(4) * sigma.abs())  # Δσ of eq. (L2)
+        prior = per_unit * (1.0 + tol) + 2 * p_rows * tiny  # ω⁰_L
+        budget = (tol - prior) / grow * sigma - dense_bound - sigma_err
         reach = torch.zeros(c, dtype=torch.float64).index_add_(
             0, seed_query.cpu(), w_seed * self.basis.h.cpu()[seed_node.cpu()])
         skip = (reach > MAX_REDUCTION * budget) | (budget <= 0)  # the iteration's queries
         pushed = self.push_op.push(seed_query, seed_node, w_seed, c,
                                    torch.where(skip, math.inf, budget), self.work_cap)
-        bound = (pushed.bound + dense_bound) / sigma + rounding
-        ok = (~skip) & (~pushed.capped) & (bound <= tol) & (sigma > 0)
         y = dense.cpu().add_(pushed.scores) if dense.device.type == "cpu" else \
             dense.add_(pushed.scores.to(dense.device))
+        y_norm = y.abs().sum(dim=1).cpu() / sigma  # ‖ŷ‖₁/σ̂
+        omega = per_unit * y_norm + 2 * p_rows * tiny  # ω_L, measured
+        bound = (pushed.bound + dense_bound + sigma_err) / sigma * grow + omega
+        ok = (~skip) & (~pushed.capped) & (bound <= tol) & (sigma > 0)
         scores = (y / sigma.to(y.device).unsqueeze(1)).to(dtype).T  # [P, c]
         lap("push")
         steps = torch.zeros(c, dtype=torch.int64)

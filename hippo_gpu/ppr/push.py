@@ -20,8 +20,22 @@ an equality, not only a bound: h_v is the mass a walk restarting at v leaves on 
 (1 − d) 1_T + d Mᵀ h): mass reaches the passages only by being pushed at a passage, and the
 stopping rule tracks exactly that. The push stops at the first moment hᵀρ ≤ budget; the kernel
 recomputes hᵀρ over the touched nodes at the end (the running sum drifts by round-off) and adds
-the float64 round-off of its updates (one rounding of relative 2⁻⁵² per push and per edge
-update, of at most the seed mass each).
+the float64 round-off of its updates.
+
+**Round-off, and what is returned.** The push returns p itself, float64 at the passage rows,
+with the bound of (P2) plus a round-off slack that covers every float64 operation behind p and
+ρ. All quantities are non-negative and at most the seed mass μ = ‖s‖₁ (mass is only kept or
+moved), so each operation errs by at most 2⁻⁵³μ: p_u += (1 − d)m (two roundings), an edge's
+product and its residual update (two per edge). The operator itself is rounded: coef_e =
+fl(d A_vu / D_u), with D_u a float64 sum of deg(u) terms, is off by γ_{deg(u)+2} relatively, so a
+push of u sends at most (deg(u) + 2)·2⁻⁵³·μ(1 + 2⁻⁴⁰) elsewhere than the exact operator would.
+Each such error changes the invariant (P1) by a vector of that L1 size, which moves (L ρ)_T by
+at most as much (‖L‖₁ ≤ 1), and the final hᵀρ over the nt touched nodes errs by ≤ nt·2⁻⁵³μ
+(h ≤ 1). With work = Σ deg(u) over the pushes, that is at most
+(3·work + 4·pushes + nt)·2⁻⁵³μ ≤ (2(work + pushes + nt) + 4)·2⁻⁵²·μ, the slack the kernel adds.
+h is an upper bound of Lᵀ1_T, its own float64 round-off included (basis.py), so the reported
+bound is ≥ ‖y*_T − p_T‖₁ for the p returned; hippo_gpu.ppr.linear adds the rounding of what it
+builds from p (eq. L2).
 
 Order (kernels/src/push_cpu.py): phases of a threshold ε, dividing by 4 per phase; within a phase a
 FIFO queue of the nodes with ρ_u ≥ ε·max(D_u, 1). Every order keeps (P1); this one makes a

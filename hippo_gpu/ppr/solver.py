@@ -1,15 +1,28 @@
 """PPRSolver: PPR for many query batches on one fixed graph, with its backends chosen once.
 
 The equations, the iterations and their certified bounds are in hippo_gpu.ppr.iteration; the
-closed form in hippo_gpu.ppr.closed_form. This module holds what is built once per index and
-graph (the normalised operator in float32 and float64, the locality order, the kernel's
-buffers) and the per-call dispatch: the numba CPU kernel, torch (MKL / cuSPARSE), Triton, or
-the closed form, plus the float64 finish of stalled columns.
+closed form in hippo_gpu.ppr.closed_form; the rounding every bound adds for the returned vector,
+and the refusal of a tol below it, in hippo_gpu.ppr.rounding. This module holds what is built
+once per index and graph (the normalised operator in float32 and float64, the locality order,
+the kernel's buffers) and the per-call dispatch: the numba CPU kernel, torch (MKL / cuSPARSE),
+Triton, or the closed form, plus the float64 finish of stalled columns.
+
+**The float64 finish of a float32 column, and its bound.** The float64 solve of a stalled
+column stops on ε₆₄ + ω(float64, N) ≤ tol − ω(float32, N) (its bound holds ε₆₄, the round-off
+of its float64 steps: iteration.py, "Round-off floor"); its result x̂₆₄ is then cast to float32,
+which moves it by ≤ ω(float32, N) (rounding.py, R1), so the column reports that bound plus
+ω(float32, N) ≤ tol. The float64 solve is asked for the largest float below tol − ω(float32, N),
+so the sum, rounded, stays ≤ tol. A float32 certificate itself cannot fall below what rounding
+r̂ into float32 moves y* (2⁻²³ in the kernel's ‖y − y*‖₁, 2⁻²² in the torch path's ‖g − y*‖₁,
+which rounds r̂ and (1 − d) r̂: iteration.py, rule 1) over the mass σ ≲ 1, plus ω(float32, N):
+for a tol at or below that (and no top-k exit) every column goes to the float64 solve at once,
+with no float32 step spent (only the choice of path rests on σ ≲ 1, never a certificate).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from dataclasses import dataclass
 
@@ -38,6 +51,12 @@ from hippo_gpu.ppr.iteration import (
     stall_steps,
 )
 from hippo_gpu.ppr.ordering import permute_csr, rcm_permutation
+from hippo_gpu.ppr.rounding import (
+    check_tol,
+    inflation,
+    output_rounding,
+    unit_roundoff,
+)
 
 __all__ = ["PPRSolution", "PPRSolver", "personalized_pagerank"]
 
@@ -50,7 +69,9 @@ class PPRSolution:
         scores: [T, Q] PPR probabilities in the solver's dtype.
         steps: [Q] int64 sparse products per column (float32 and float64 steps added for a
             refined column; 0 for the closed form).
-        bound: [Q] certified L1 bound of each column (the float64 one for a refined column).
+        bound: [Q] float64 certified L1 bound of each column's returned scores, their
+            rounding to the solver's dtype included (rounding.py, R1); for a refined column
+            the float64 solve's bound plus the cast to float32.
         certified: [Q] bool, bound <= tol (or the top-k certificate held).
         refined: [Q] bool, the float32 columns that stalled and were finished in float64.
         tol: the tolerance asked for.
@@ -116,7 +137,8 @@ class PPRSolver:
         reorder: reverse Cuthill–McKee reordering of the rows (None: on for the numba kernel,
             whose gathers it keeps cache-local; off for torch).
         memory_budget: bytes allowed for G in "auto".
-        tol: default L1 error bound per column (iterations) / build tolerance (closed form).
+        tol: default L1 error bound per column, of the scores as returned (a tol at or below
+            the rounding of a ``dtype`` result is refused: ToleranceError, rounding.py).
         max_iter: default iteration cap.
         top_k: default certified top-k exit over the target rows (None: off; module docstring).
         kernel: "auto", "numba", "torch" or "triton".
@@ -151,7 +173,7 @@ class PPRSolver:
         self.dtype = dtype
         self.method = _resolve_method(method, targets.numel() * n * dtype.itemsize,
                                       memory_budget, device)
-        self.tol = default_tol(dtype) if tol is None else float(tol)
+        self.tol = check_tol(default_tol(dtype) if tol is None else tol, dtype, n)
         self.max_iter = int(max_iter)
         self.top_k = check_top_k(top_k) or None
         self.last_iterations = 0  # sparse products run by the last call (0 for closed form)
@@ -162,6 +184,7 @@ class PPRSolver:
         self.transition: Transition | None = None
         self._closed: ClosedForm | None = None
         self._twin: PPRSolver | None = None  # the float64 finish, made on the first stall
+        self._round_off = 0.0  # ε₆₄ of a float64 finish (iteration.py), added to its bounds
         self._exact: Transition | None = None  # the float64 operator of a float32 iteration
         self._max_row_nnz = 0
         self._perm: Tensor | None = None
@@ -175,6 +198,7 @@ class PPRSolver:
             self.backend = "closed_form"
             self._closed = ClosedForm(adjacency, targets, damping=self.damping, dtype=dtype,
                                       device=device, max_iter=max_iter)
+            self._closed.check_tol(self.tol)
         else:
             self.backend = _pick_backend(kernel, device)
             self._prepare_iteration(adjacency, targets, reorder)
@@ -239,7 +263,8 @@ class PPRSolver:
         Args:
             seeds: [N, Q] non-negative reset weights in original node order (any device/dtype;
                 cast to the solver's).
-            tol: L1 error bound per column (iterations; closed form is exact to its build tol).
+            tol: L1 error bound per column of the returned scores (the closed form reports
+                its own bound, closed_form.py C2, certified where it meets tol).
             max_iter: iteration cap (iterations).
             top_k: certified top-k exit for this call (default the solver's ``top_k``).
 
@@ -248,6 +273,8 @@ class PPRSolver:
 
         Raises:
             ConvergenceError: some columns are uncertified (see :meth:`solve`).
+            ToleranceError: ``tol`` is at or below the rounding of a result in the solver's
+                dtype (before any step).
         """
         solution = self.solve(seeds, tol=tol, max_iter=max_iter, top_k=top_k)
         solution.raise_if_uncertified()
@@ -265,34 +292,58 @@ class PPRSolver:
         :class:`PPRSolution` marks it (its scores are the last iterate), so a caller can fail
         that query alone. Stalled float32 columns are finished in float64 (module docstring)."""
         seeds = seeds.to(device=self.device, dtype=self.dtype)
-        tol = self.tol if tol is None else float(tol)
+        n = self.num_nodes
+        tol = self.tol if tol is None else check_tol(tol, self.dtype, n)
         max_iter = self.max_iter if max_iter is None else int(max_iter)
         top_k = self.top_k if top_k is None else check_top_k(top_k)
         if self.method == "closed_form":
             if self._closed is None:
                 raise RuntimeError("PPRSolver has no closed form")
-            scores = self._closed(normalised_seeds(seeds, self.num_nodes))
+            self._closed.check_tol(tol)
+            scores, bound = self._closed(normalised_seeds(seeds, n))
             q = scores.shape[1]
             zeros = torch.zeros(q, dtype=torch.int64, device=scores.device)
-            solution = PPRSolution(scores, zeros, torch.zeros(q, dtype=self.dtype,
-                                   device=scores.device), torch.ones_like(zeros, dtype=torch.bool),
+            solution = PPRSolution(scores, zeros, bound, bound <= tol,
                                    torch.zeros_like(zeros, dtype=torch.bool), tol)
         else:
-            scores, steps, bound, certified, stalled = self._iterate(seeds, tol, max_iter, top_k)
+            if self.dtype == torch.float32 and not top_k and tol <= self._float32_reach():
+                stalled = torch.ones(seeds.shape[1], dtype=torch.bool, device=seeds.device)
+                scores, steps, bound, certified = self._unsolved(seeds.shape[1])
+            else:
+                scores, steps, bound, certified, stalled = self._iterate(seeds, tol, max_iter,
+                                                                         top_k)
             refined = torch.zeros_like(stalled)
             if self.dtype == torch.float32 and bool(stalled.any()):
                 cols = torch.nonzero(stalled).flatten()
-                exact = self._float64_twin().solve(seeds.index_select(1, cols).double(), tol=tol,
-                                                   max_iter=max_iter, top_k=top_k)
+                cast = output_rounding(self.dtype, n)  # x̂₆₄ rounded into float32 (R1)
+                inner = math.nextafter(tol - cast, 0.0)  # module docstring: the sum stays ≤ tol
+                exact = self._float64_twin().solve(seeds.index_select(1, cols).double(),
+                                                   tol=inner, max_iter=max_iter, top_k=top_k)
                 scores[:, cols] = exact.scores.to(scores.dtype)
                 steps[cols] += exact.steps.to(steps.device)
-                bound[cols] = exact.bound.to(bound.dtype)
+                bound[cols] = exact.bound.to(bound.device) + cast
                 certified[cols] = exact.certified.to(certified.device)
                 refined[cols] = True
             solution = PPRSolution(scores, steps, bound, certified, refined, tol)
         self.last_steps, self.last_error_bound = solution.steps, solution.bound
         self.last_iterations = int(solution.steps.max()) if solution.steps.numel() else 0
         return solution
+
+    def _float32_reach(self) -> float:
+        """No float32 certificate of this backend can be ≤ this (module docstring): r̂ rounded
+        into float32 alone costs 2⁻²³/σ (kernel) or 2⁻²²/σ (torch: r̂ and (1 − d) r̂), σ ≲ 1
+        the iterate's mass, plus ω(float32, N). It only picks the path."""
+        slack = 2.0 ** -23 if self.backend == "numba" else 2.0 ** -22
+        return slack * (1.0 - 2.0 ** -20) + output_rounding(torch.float32, self.num_nodes)
+
+    def _unsolved(self, q: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(scores, steps, bound, certified) of q columns no float32 step was spent on."""
+        rows = self.num_nodes if self.target_nodes is None else self.target_nodes.numel()
+        dev = self.device
+        return (torch.zeros(rows, q, dtype=self.dtype, device=dev),
+                torch.zeros(q, dtype=torch.int64, device=dev),
+                torch.full((q,), math.inf, dtype=torch.float64, device=dev),
+                torch.zeros(q, dtype=torch.bool, device=dev))
 
     def _iterate(self, seeds: Tensor, tol: float, max_iter: int,
                  top_k: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -310,7 +361,8 @@ class PPRSolver:
         solve = ppr_chebyshev if self.method == "chebyshev" else ppr_iterate
         step = _triton_step(transition) if self.backend == "triton" else None
         result = solve(transition, r_hat, tol=tol, max_iter=max_iter, normalised=True,
-                       top_k=top_k, target_rows=rows, step=step, exact=self._exact)
+                       top_k=top_k, target_rows=rows, step=step, exact=self._exact,
+                       round_off=self._round_off)
         scores = result.scores if rows is None else result.scores.index_select(0, rows)
         return scores, result.iterations, result.error_bound, result.certified, result.stalled
 
@@ -322,11 +374,18 @@ class PPRSolver:
                 twin = copy.copy(self)
                 twin.dtype = torch.float64
                 twin.transition, twin._exact = self._exact, None
+                twin._round_off = self._float64_round_off()
                 twin._workspace = None
                 twin._scaled_values = twin._scaled_values64 = None
                 twin._workspace_lock = threading.Lock()
                 self._twin = twin
             return self._twin
+
+    def _float64_round_off(self) -> float:
+        """ε₆₄ = (deg_max + 4)·2⁻⁵²: an L1 bound of the round-off of one float64 step from an
+        iterate of mass ≤ 1 + tol, r̂'s float64 rounding included (iteration.py, "Round-off
+        floor", rule 1)."""
+        return (self._max_row_nnz + 4) * 2.0 ** -52
 
     def _numba(self, seeds: Tensor, tol: float, max_iter: int,
                top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -352,9 +411,14 @@ class PPRSolver:
             self._scaled_values = (matrix.values() * self.damping).numpy()
             if self._exact is not None:
                 self._scaled_values64 = (self._exact.matrix.values() * self.damping).numpy()
-        # the float64 check's slack, in residual units: r̂ rounded once into float32 moves y*
-        # by ≤ 2⁻²⁴ in L1 (‖L‖₁ ≤ 1), plus float64 round-off of the longest row's sum
-        slack = (1.0 - self.damping) * 2.0 ** -24 + (self._max_row_nnz + 2) * 2.0 ** -52
+        # Residual units. With the float64 check (a float32 solve): r̂ rounded once into
+        # float32 moves y* by ≤ 2⁻²⁴ in L1 (‖L‖₁ ≤ 1), (1 − d)·2⁻²⁴ in residual, plus ε₆₄ of
+        # the float64 check's step. Without it: the float64 finish's own ε₆₄, or 0.
+        if self._scaled_values64 is not None:
+            slack = (1.0 - self.damping) * unit_roundoff(torch.float32) + \
+                self._float64_round_off()
+        else:
+            slack = self._round_off
         itemsize = seeds.element_size()
         threads = torch.get_num_threads()
         # Column groups of one block per thread: each group is copied (and permuted) into its
@@ -395,6 +459,8 @@ class PPRSolver:
                     stall_steps=stall_steps(self.damping),
                     data64=self._scaled_values64,
                     slack=slack,
+                    rounding=output_rounding(self.dtype, n),
+                    inflate=inflation(n),
                     workspace=self._workspace,
                 ))
         joined = [np.concatenate([p[k] for p in parts], axis=1 if k == 0 else 0)
@@ -429,6 +495,7 @@ def personalized_pagerank(
 
     Raises:
         ValueError: bad shapes, an all-zero / NaN / negative seed column, bad adjacency.
+        ToleranceError: ``tol`` at or below the rounding of a result in the seeds' dtype.
         ConvergenceError: ``tol`` not reached within ``max_iter``.
     """
     check_adjacency(adjacency)

@@ -29,6 +29,12 @@ certificate) are in ppr.py's docstring. This file is only about doing it fast:
 * **Per-column exit.** After each sweep every open column checks its certified bound (and, with
   ``top_k``, the top-k certificate); a column that passes is written out at once (clamped at 0,
   normalised) with its step and bound, and the block stops when all have.
+* **What is written out is what is certified.** :func:`_emit` sums each column in float64 by a
+  binary counter (pairwise: each term passes ≤ 2⌈log₂ N⌉ + 1 roundings, not N − 1), scales by
+  the float64 reciprocal and rounds once into the dtype, so its L1 rounding is within
+  ω(dtype, N) of hippo_gpu/ppr/rounding.py (R1); every bound adds ``rounding`` (= ω, passed in),
+  and a bound computed from float64 sums over N rows is multiplied by ``inflate``
+  (rounding.inflation). Bounds are float64 and compared with a float64 tol.
 
 JIT compilation happens on the first call per dtype (``cache=True`` keeps it on disk, in
 __pycache__ or NUMBA_CACHE_DIR); benchmarks/bench_ppr.py reports that one-off cost.
@@ -254,8 +260,8 @@ def _topk_min_gap(scores, k):
         if filled < m:
             filled += 1
     gap = np.inf
-    for r in range(m - 1):
-        gap = min(gap, top[r] - top[r + 1])
+    for r in range(m - 1):  # in float64, where the difference of two float32 scores is exact
+        gap = min(gap, np.float64(top[r]) - np.float64(top[r + 1]))
     return gap
 
 
@@ -263,17 +269,35 @@ def _topk_min_gap(scores, k):
 def _emit(y, width, lanes_out, target_pos, out, q0):
     """out[:, q0 + c] = max(y_c, 0)[targets] / Σ max(y_c, 0) for each lane c with lanes_out[c].
 
-    Clamping at 0 can only shrink the error (x* ≥ 0). Two row-major passes for all lanes at once
-    (a block emits once or twice: its columns finish within a step or two of each other).
+    Clamping at 0 can only shrink the error (x* ≥ 0). The sum is float64 and pairwise, by a
+    binary counter over the rows: ``level[k]`` holds the sum of the last 2^k rows not yet merged,
+    so adding row i merges the levels of the trailing one-bits of i; the levels left set in N
+    are added at the end. Each term passes ≤ 2⌈log₂ N⌉ + 1 roundings (rounding.py, R1), where a
+    running sum would pass N − 1. Two row-major passes for all lanes at once (a block emits once
+    or twice: its columns finish within a step or two of each other).
     """
     n = y.size // width
-    total = np.zeros(width)
+    level = np.zeros((64, width))  # float64 partial sums of 2^k rows
+    carry = np.zeros(width)
     for i in range(n):
         row = i * width
         for c in range(width):
             v = y[row + c]
-            if v > 0:
-                total[c] += v
+            carry[c] = v if v > 0 else 0.0
+        k = 0
+        j = i
+        while j & 1:  # merge the full levels below the lowest zero bit of i
+            for c in range(width):
+                carry[c] = level[k, c] + carry[c]
+            k += 1
+            j >>= 1
+        for c in range(width):
+            level[k, c] = carry[c]
+    total = np.zeros(width)
+    for k in range(64):
+        if (n >> k) & 1:
+            for c in range(width):
+                total[c] += level[k, c]
     for c in range(width):
         total[c] = 1.0 / total[c] if total[c] > 0 else 0.0
     for r in range(target_pos.size):
@@ -286,22 +310,24 @@ def _emit(y, width, lanes_out, target_pos, out, q0):
 
 @njit(cache=True, nogil=True)
 def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omegas, damping, tol,
-                 top_k, stall_steps, data64, slack, base, y, y_prev, out, iterations, bounds,
-                 certified, stalled):
+                 top_k, stall_steps, data64, slack, rounding, inflate, base, y, y_prev, out,
+                 iterations, bounds, certified, stalled):
     """All steps of one column block [q0, q0 + width) in the flat [N, W] buffers base, y, y_prev.
 
     A column whose bound has not halved within ``stall_steps`` steps has reached the round-off
     floor of the dtype: it stops uncertified with ``stalled`` set (ppr.py, "Round-off floor").
     With ``data64`` (d·M in float64; empty to skip), a column's certificate is re-checked on its
-    float64 residual before it is emitted, ``slack`` (residual units) covering the rounding of r̂;
-    a refuted column iterates on and is checked again, and after ``stall_steps`` refutations it
-    is marked stalled too.
+    float64 residual before it is emitted, ``slack`` (residual units) covering the rounding of r̂
+    and of the float64 step; a refuted column iterates on and is checked again, and after
+    ``stall_steps`` refutations it is marked stalled too. Without ``data64`` the ``slack`` is
+    added to every residual (a float64 solve's own round-off, or 0). Every bound adds
+    ``rounding`` (the emitted vector's, ω) and is multiplied by ``inflate``.
     """
     n = indptr.size - 1
     live = min(width, reset.shape[1] - q0)
     max_iter = omegas.size
     one_minus_d = 1 - damping
-    bound_factor = 2.0 / one_minus_d  # ‖x_k − x*‖₁ ≤ 2‖ρ_k‖₁ / ((1 − d) 1ᵀy_k)
+    bound_factor = 2.0 / one_minus_d * inflate  # ‖x_k − x*‖₁ ≤ 2‖ρ_k‖₁ / ((1 − d) 1ᵀy_k)
     total = np.zeros(width)  # 1ᵀr per column, in float64, in the (fixed) permuted row order
     for i in range(n):  # r in block layout; padding lanes are exactly 0 and stay so
         src = perm[i]
@@ -334,6 +360,7 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     # float32 iterate, over just the lanes to check packed into the narrowest block that holds
     # them: g₆₄ = (1 − d) r̂ + d M₆₄ y, res = Σ|g₆₄ − y|, tot = Σ y per lane.
     verify = data64.size > 0
+    main_slack = 0.0 if verify else slack  # residual units, in the float32 pre-check: none
     size64 = base.size if verify else 0
     res64 = np.zeros(width)
     tot64 = np.zeros(width)
@@ -354,7 +381,8 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
         for c in range(live):
             if done[c]:
                 continue
-            bound = bound_factor * res[c] / tot[c] if tot[c] > 0 else np.inf
+            rho = (res[c] + main_slack) * inflate
+            bound = bound_factor * rho / tot[c] + rounding if tot[c] > 0 else np.inf
             bounds[q0 + c] = bound
             if bound <= tol:
                 finished[c] = True
@@ -362,15 +390,15 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                 iterations[q0 + c] = step + 1
                 new[c] = True
                 continue
-            if bound <= 0.5 * halved[c]:
-                halved[c] = bound
+            if bound - rounding <= 0.5 * halved[c]:  # the solve's bound halves, not ω
+                halved[c] = bound - rounding
                 halved_step[c] = step
             elif step - halved_step[c] >= stall_steps:
                 finished[c] = True
                 stalled[q0 + c] = True
                 iterations[q0 + c] = step + 1
                 continue
-            if top_k > 0 and res[c] / one_minus_d <= last_gap[c]:
+            if top_k > 0 and (res[c] + main_slack) * inflate / one_minus_d <= last_gap[c]:
                 # Worth checking only once the bound is below the gap last seen (gaps settle
                 # while the bound keeps falling): a skipped check only delays the exit.
                 check_topk[c] = True
@@ -381,7 +409,7 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                     continue
                 last_gap[c] = _topk_min_gap(vals[c], top_k)
                 # res / (1 − d) bounds ‖y_k − y*‖₁, the certificate's unit (see ppr.py)
-                if last_gap[c] > res[c] / one_minus_d:
+                if last_gap[c] > (res[c] + main_slack) * inflate / one_minus_d:
                     finished[c] = True
                     certified[q0 + c] = True
                     iterations[q0 + c] = step + 1
@@ -415,8 +443,8 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                        w64)
             for k in range(m):
                 c = lane_of[k]
-                rho = res64[k] + slack
-                bound = bound_factor * rho / tot64[k] if tot64[k] > 0 else np.inf
+                rho = (res64[k] + slack) * inflate
+                bound = bound_factor * rho / tot64[k] + rounding if tot64[k] > 0 else np.inf
                 bounds[q0 + c] = bound
                 ok = bound <= tol or (topk_new[c] and last_gap[c] > rho / one_minus_d)
                 if ok:
@@ -439,15 +467,15 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
 
 @njit(cache=True, nogil=True)
 def _solve_slot(indptr, indices, data, reset, perm, target_pos, block_start, block_width, omegas,
-                damping, tol, top_k, stall_steps, data64, slack, slot, slots, buffers, out,
-                iterations, bounds, certified, stalled):
+                damping, tol, top_k, stall_steps, data64, slack, rounding, inflate, slot, slots,
+                buffers, out, iterations, bounds, certified, stalled):
     """Blocks slot, slot + slots, ... with this slot's [3, N·W] buffers (no GIL: one per thread)."""
     n = indptr.size - 1
     for b in range(slot, block_start.size, slots):
         size = n * block_width[b]
         _solve_block(indptr, indices, data, reset, perm, target_pos, block_start[b],
                      block_width[b], omegas, damping, tol, top_k, stall_steps, data64, slack,
-                     buffers[0, :size],
+                     rounding, inflate, buffers[0, :size],
                      buffers[1, :size], buffers[2, :size], out, iterations, bounds, certified,
                      stalled)
 
@@ -494,10 +522,12 @@ def solve_blocks(
     stall_steps: int,
     data64: np.ndarray | None = None,
     slack: float = 0.0,
+    rounding: float = 0.0,
+    inflate: float = 1.0,
     workspace: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Solve all columns of ``reset``: (scores [T, Q], steps [Q], bounds [Q], certified [Q],
-    stalled [Q]).
+    """Solve all columns of ``reset``: (scores [T, Q], steps [Q], bounds [Q] float64,
+    certified [Q], stalled [Q]).
 
     A column is certified when its L1 bound met ``tol`` (or its top-k certificate held) within
     ``omegas.size`` steps. An uncertified one is either stalled (its bound stopped halving for
@@ -517,7 +547,13 @@ def solve_blocks(
         stall_steps: steps without the bound halving after which a column counts as stalled.
         data64: d·M in float64 (same indices), for a float32 solve: certificates are re-checked
             on the float64 residual (a column failing it is returned stalled); None to skip.
-        slack: added to each float64 residual (the rounding of r̂ into the dtype).
+        slack: residual units: added to each float64 residual of the check (the rounding of
+            r̂ into the dtype and of the float64 step); without ``data64``, to every residual
+            (the round-off of a float64 solve's own steps, or 0).
+        rounding: added to every bound: the L1 rounding of the emitted vector (ω of
+            hippo_gpu.ppr.rounding, which also proves the emit within it).
+        inflate: multiplies every bound: the float64 rounding of the sums over N rows it is
+            computed from (rounding.inflation).
         threads: numba threads (one column block per thread at a time).
         workspace: from :func:`make_workspace` for these sizes, reused across calls (allocated here
             when None).
@@ -530,12 +566,13 @@ def solve_blocks(
         workspace = make_workspace(n, int(widths.max()), slots, dtype)
     out = np.zeros((target_pos.size, q), dtype)
     iterations = np.zeros(q, np.int64)
-    bounds = np.zeros(q, dtype)
+    bounds = np.zeros(q, np.float64)
     certified = np.zeros(q, np.bool_)
     stalled = np.zeros(q, np.bool_)
     args = (indptr, indices, data, reset, perm, target_pos, starts, widths, omegas.astype(dtype),
-            dtype.type(damping), dtype.type(tol), int(top_k), int(stall_steps),
-            np.zeros(0) if data64 is None else data64, float(slack))
+            float(damping), float(tol), int(top_k), int(stall_steps),
+            np.zeros(0) if data64 is None else data64, float(slack), float(rounding),
+            float(inflate))
 
     def run(slot: int) -> None:
         _solve_slot(*args, slot, slots, workspace[slot], out, iterations, bounds, certified,

@@ -165,7 +165,8 @@ def _linear_case(graph, tol: float, dtype: torch.dtype, monkeypatch, *, cap=10**
     return lin, (sq, sp, sw, e, cos), ref
 
 
-@pytest.mark.parametrize("tol,dtype", [(1e-6, torch.float32), (1e-9, torch.float64)])
+@pytest.mark.parametrize("tol,dtype", [(1e-6, torch.float32), (1e-7, torch.float32),
+                                       (1e-9, torch.float64), (5e-9, torch.float64)])
 def test_linear_solve_meets_tol_against_float64_oracle(graph, monkeypatch, tol, dtype) -> None:
     lin, (sq, sp, sw, e, cos), ref = _linear_case(graph, tol, dtype, monkeypatch)
 
@@ -178,6 +179,21 @@ def test_linear_solve_meets_tol_against_float64_oracle(graph, monkeypatch, tol, 
     assert bool((err <= out.solution.bound).all()), (err, out.solution.bound)
     assert bool((out.solution.bound <= tol).all())
     assert out.solution.scores.dtype == dtype
+
+
+def test_linear_refuses_a_tol_below_the_rounding_of_its_result(graph, monkeypatch) -> None:
+    """A float32 result cannot be certified to 5e-9 (its own rounding is 2⁻²⁴ in L1): refused
+    before the basis GEMM or any push, naming the smallest tol; float64 certifies it."""
+    from hippo_gpu.ppr import ToleranceError
+
+    lin, args, _ = _linear_case(graph, 5e-9, torch.float32, monkeypatch)
+
+    def no_push(*a, **k):
+        raise AssertionError("a refused tol must not push")
+
+    monkeypatch.setattr(lin.push_op, "push", no_push)
+    with pytest.raises(ToleranceError, match="float32 result.*5.96e-08"):
+        lin.solve(*args, 0.05, 5e-9, pytest.fail, dtype=torch.float32)
 
 
 def test_linear_hands_capped_and_skipped_queries_to_the_iteration(graph, monkeypatch) -> None:
@@ -264,3 +280,80 @@ def test_linear_with_the_basis_on_cuda_matches_the_cpu(graph, monkeypatch) -> No
     torch.testing.assert_close(gpu_out.solution.scores.cpu(), cpu_out.solution.scores,
                                rtol=0, atol=1e-7)
     assert bool((gpu_out.solution.bound <= 1e-6).all())
+
+
+def _power_reference(adjacency: torch.Tensor, reset: torch.Tensor, steps: int = 80):
+    """y with y = (1 − d) r + d M y by `steps` float64 fixed-point steps (error ≤ d^steps/(1 − d)
+    ·‖r‖₁ in L1: ~1e-24 of ‖r‖₁ at 80), and c = 1 − d·[dangling]: x = y / cᵀr."""
+    a = adjacency.to_sparse_coo().coalesce()
+    i, j = a.indices()
+    vals = a.values().double()
+    n = adjacency.shape[0]
+    deg = torch.zeros(n, dtype=torch.float64).index_add_(0, j, vals)
+    inv = torch.where(deg > 0, 1.0 / deg, torch.zeros_like(deg))
+    m = torch.sparse_coo_tensor(a.indices(), vals * inv[j], (n, n)).coalesce().to_sparse_csr()
+    base = (1 - D) * reset
+    y = base.clone()
+    for _ in range(steps):
+        y = torch.addmm(base, m, y, beta=1.0, alpha=D)
+    c = 1 - D * (deg <= 0).double()
+    return y, c
+
+
+@pytest.mark.slow
+def test_linear_and_solver_bounds_hold_on_the_100k_synthetic_graph(monkeypatch) -> None:
+    """At the 100k scale (600k nodes, 5.8M edges, hubs of degree 8k): every query pushed by
+    linearity, and the iteration's float32 and float64 solves, each within its reported bound
+    of a float64 reference at the default tol and at 1e-7 (near float32's floor); 5e-9 in
+    float32 refused, in float64 certified."""
+    monkeypatch.setattr(linear_mod, "MAX_REDUCTION", float("inf"))
+    from hippo_gpu.ppr import PPRSolver, ToleranceError
+    from hippo_gpu.synthetic import synthetic_graph
+
+    g = synthetic_graph(100_000, seed=1)
+    rng = np.random.default_rng(0)
+    p, q, dim = g.num_passages, 8, 16
+    emb = torch.from_numpy(rng.normal(size=(p, dim)))
+    emb = (emb / emb.norm(dim=1, keepdim=True)).float()
+    basis = solve_basis(g.adjacency, g.passage_nodes, emb, damping=D)
+    lin = LinearPPR(g.adjacency, g.passage_nodes, emb, basis)
+    lin.work_cap = 10**10
+    sq, sp, sw = _seeds(rng, q, g.num_phrases, k=5)
+    sw = sw / torch.from_numpy(np.maximum(g.phrase_passage_count[sp.numpy()], 1))
+    e = torch.from_numpy(rng.normal(size=(q, dim)))
+    e = (e / e.norm(dim=1, keepdim=True)).float()
+    cos = (e @ emb.T).float()
+    lo, hi = cos.double().amin(1), cos.double().amax(1)
+    pn = g.passage_nodes
+
+    # by linearity: its exact target takes E_P e in exact arithmetic (ppr/basis.py)
+    reset = torch.zeros(g.num_nodes, q, dtype=torch.float64)
+    reset.index_put_((sp, sq), sw, accumulate=True)
+    reset[pn] += 0.05 * ((e.double() @ emb.double().T - lo[:, None]) / (hi - lo)[:, None]).T
+    y, c = _power_reference(g.adjacency, reset)
+    ref = (y / (c @ reset))[pn]
+    for tol, dtype in ((1e-6, torch.float32), (1e-7, torch.float32), (5e-9, torch.float64)):
+        out = lin.solve(sq, sp, sw, e, cos, 0.05, tol,
+                        lambda cols: pytest.fail(f"iterated {cols.tolist()}"), dtype=dtype)
+        err = (out.solution.scores.double() - ref).abs().sum(dim=0)
+        assert bool(out.pushed.all()) and bool((out.solution.bound <= tol).all())
+        assert bool((err <= out.solution.bound).all()), (tol, err, out.solution.bound)
+
+    # the iteration, on the float32 reset vectors its solver computes with
+    reset = torch.zeros(g.num_nodes, q, dtype=torch.float64)
+    reset.index_put_((sp, sq), sw, accumulate=True)
+    reset[pn] += 0.05 * ((cos.double() - lo[:, None]) / (hi - lo)[:, None]).T
+    reset = reset.float().double()
+    y, _ = _power_reference(g.adjacency, reset)
+    ref = (y / y.sum(dim=0))[pn]
+    for tol, dtype in ((1e-6, torch.float32), (1e-7, torch.float32), (5e-9, torch.float32),
+                       (5e-9, torch.float64)):
+        if dtype == torch.float32 and tol < 1e-8:
+            with pytest.raises(ToleranceError):
+                PPRSolver(g.adjacency, target_nodes=pn, dtype=dtype, tol=tol)
+            continue
+        solver = PPRSolver(g.adjacency, target_nodes=pn, dtype=dtype, tol=tol)
+        solution = solver.solve(reset)
+        err = (solution.scores.double() - ref).abs().sum(dim=0)
+        assert bool(solution.certified.all())
+        assert bool((err <= solution.bound).all()), (tol, dtype, err, solution.bound)
