@@ -31,7 +31,8 @@ finishes is certified to ``tol`` like an iterated one. A query whose seeds reach
 whose push passes ``work_cap`` edges (``PUSH_WORK_FRACTION`` of the graph's edges) or whose
 budget is not positive is solved by the caller's iteration on its full reset vector, today's
 path, so every query is certified either way and none costs much more than before. The exact
-target of (L1) takes E_P e in exact arithmetic (basis.py); today's iteration feeds the float32 cosines into r instead.
+target of (L1) takes E_P e in exact arithmetic (basis.py); today's iteration feeds the float32
+cosines into r instead.
 """
 
 from __future__ import annotations
