@@ -2,6 +2,8 @@
 
 - ``iteration``: the equations (igraph semantics, the leaky form, bound (3)), the power and
   Chebyshev iterations with their certified stops, the round-off floor.
+- ``certificate``: when a column may stop (bound with the output rounding, top-k exit, stall
+  rule, float64 re-check) and what it reports.
 - ``closed_form``: the passage rows of the PPR operator, solved once per index.
 - ``ordering``: reverse Cuthill–McKee order for the CPU kernel's gathers.
 - ``rounding``: the rounding of the returned vector that every bound adds (R1), and the refusal
@@ -9,6 +11,7 @@
 - ``solver``: :class:`PPRSolver`, built once per graph, and :func:`personalized_pagerank`.
 """
 
+from hippo_gpu.ppr.certificate import stall_steps
 from hippo_gpu.ppr.iteration import (
     ConvergenceError,
     PPRResult,
@@ -19,7 +22,6 @@ from hippo_gpu.ppr.iteration import (
     default_tol,
     ppr_chebyshev,
     ppr_iterate,
-    stall_steps,
     torch_step,
 )
 from hippo_gpu.ppr.ordering import rcm_permutation

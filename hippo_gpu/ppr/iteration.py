@@ -148,6 +148,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.ppr.certificate import Float64Check, check_top_k, classify, stall_steps
 from hippo_gpu.ppr.rounding import check_tol, inflation, normalise, output_rounding
 
 __all__ = [
@@ -162,12 +163,10 @@ __all__ = [
     "check_damping",
     "check_seeds",
     "check_seeds_shape",
-    "check_top_k",
     "default_tol",
     "normalised_seeds",
     "ppr_chebyshev",
     "ppr_iterate",
-    "stall_steps",
     "torch_step",
 ]
 
@@ -189,13 +188,6 @@ class ConvergenceError(HippoGpuError, RuntimeError):
         self.columns = columns or []
         self.bounds = bounds or []
 
-
-def stall_steps(damping: float) -> int:
-    """Steps without the bound halving after which a column is at its round-off floor: in exact
-    arithmetic it halves at least every ⌈ln 2 / ln(1/d)⌉ steps (module docstring)."""
-    if damping <= 0.0:
-        return 8
-    return max(8, 4 * math.ceil(math.log(2.0) / -math.log(damping)))
 
 
 def default_tol(dtype: torch.dtype) -> float:
@@ -489,7 +481,7 @@ def _solve(
     halved_at = torch.zeros(q, dtype=torch.int64, device=dev)  # ... and at which step
     refuted = torch.zeros(q, dtype=torch.int64, device=dev)  # float64 refutations so far
     step = torch_step(transition) if step is None else step
-    check = None if exact is None else _Check(exact, omega, grow)
+    check = None if exact is None else Float64Check(exact.matrix, exact.damping, omega, grow)
     scores = torch.empty_like(r_hat)  # [N, Q], filled as columns finish
     met = torch.zeros(q, dtype=torch.bool, device=dev)
     cols = torch.arange(q, device=dev)  # original column of each open column
@@ -511,7 +503,7 @@ def _solve(
             residual, mass = (t.to(torch.float64) for t in measured)
             err = (factor * residual + slack) * grow  # bounds ‖g − y*‖₁ per open column
             solve = torch.where(mass > 0, 2.0 * err / mass * grow, math.inf)
-            ok, stall, now, halved, halved_at, refuted = _classify(
+            ok, stall, now, halved, halved_at, refuted = classify(
                 k, solve, err, base, y, g, halved, halved_at, refuted, tol=tol, omega=omega,
                 top_k=top_k, target_rows=target_rows, patience=patience, check=check)
             finish = ok | stall | (k == max_iter)
@@ -538,96 +530,6 @@ def _solve(
         else:
             y, y_prev = y_prev, y
     return PPRResult(scores, iterations, bound, met, stalled)
-
-
-def _classify(k: int, solve: Tensor, err: Tensor, base: Tensor, y: Tensor, g: Tensor,
-              halved: Tensor, halved_at: Tensor, refuted: Tensor, *, tol: float, omega: float,
-              top_k: int, target_rows: Tensor | None, patience: int,
-              check: _Check | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(certified, stalled, bound, halved, halved_at, refuted) of the open columns at a checked
-    step k from their solve bounds [Q'] (float64, without ω): the bound with ω against tol or
-    the top-k certificate, the halving record of the stall rule (on the solve bound: ω does not
-    halve), and (``check``) the float64 re-check of every float32 certificate (module
-    docstring, "Round-off floor"): a refuted column iterates on, and counts as stalled after
-    ``patience`` refutations. ``bound`` is what a finishing column reports."""
-    now = solve + omega
-    ok = now <= tol
-    if top_k:
-        ok |= _topk_certified(g, target_rows, top_k, err)
-    halving = solve <= 0.5 * halved
-    halved = torch.where(halving, solve, halved)
-    halved_at = torch.where(halving, k, halved_at)
-    stall = ~ok & (k - halved_at >= patience)  # at the round-off floor
-    if check is not None and bool(ok.any()):
-        held = check.verify(base, y, g, ok, now, tol, top_k, target_rows)
-        refuted = refuted + (ok & ~held).to(refuted.dtype)
-        stall |= ok & ~held & (refuted >= patience)
-        ok &= held
-    return ok, stall, now, halved, halved_at, refuted
-
-
-class _Check:
-    """The float64 re-check of float32 certificates (module docstring, "Round-off floor", 1)
-    against ``exact`` (M₆₄), with ω and the inflation of the result."""
-
-    def __init__(self, exact: Transition, omega: float, grow: float) -> None:
-        m = exact.matrix
-        crow = m.crow_indices()
-        deg_max = int((crow[1:] - crow[:-1]).max()) if m.shape[0] else 0
-        self.exact, self.omega, self.grow = exact, omega, grow
-        d = exact.damping
-        # ε₆₄/(1−d) for the float64 step, 2⁻²³ for r̂ and (1−d) r̂ rounded into float32
-        self.slack = (deg_max + 4) * 2.0 ** -52 / (1.0 - d) + 2.0 ** -23
-
-    def verify(self, base: Tensor, y: Tensor, g: Tensor, ok: Tensor, now: Tensor, tol: float,
-               top_k: int, target_rows: Tensor | None) -> Tensor:
-        """[Q'] bool: which ``ok`` columns keep their certificate on the float64 residual;
-        ``now`` (float64) gets their float64 bounds, ω included (in place).
-
-        With g₆₄ = (1−d) r̂ + d M₆₄ y in float64 (base = (1−d) r̂ as stored),
-        ‖g − y*‖₁ ≤ ‖g − g₆₄‖₁ + d/(1−d) ‖g₆₄ − y‖₁ + ``slack`` (module docstring).
-        """
-        d = self.exact.damping
-        idx = torch.nonzero(ok).flatten()
-        y64 = y.index_select(1, idx).double()
-        g32 = g.index_select(1, idx).double()
-        g64 = torch.addmm(base.index_select(1, idx).double(), self.exact.matrix, y64, beta=1.0,
-                          alpha=d)
-        err = (g32 - g64).abs().sum(dim=0) + d / (1 - d) * (g64 - y64).abs().sum(dim=0) \
-            + self.slack
-        err = err * self.grow  # the float64 sums over N rows it was computed from
-        mass = g32.sum(dim=0)
-        bound = torch.where(mass > 0, 2.0 * err / mass * self.grow, math.inf) + self.omega
-        held = bound <= tol
-        if top_k:
-            held |= _topk_certified(g.index_select(1, idx), target_rows, top_k, err)
-        now[idx] = bound
-        out = torch.zeros_like(ok)
-        out[idx] = held
-        return out
-
-
-def check_top_k(top_k: int | None) -> int:
-    if top_k is None:
-        return 0
-    if int(top_k) != top_k or top_k < 1:
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-    return int(top_k)
-
-
-def _topk_certified(z: Tensor, rows: Tensor | None, k: int, eps: Tensor) -> Tensor:
-    """[Q'] bool: every consecutive gap among the k + 1 largest ``z[rows]`` exceeds ``eps``.
-
-    ``eps`` [Q'] bounds ‖z − z*‖₁ per column, so the top k and their order are those of z*
-    (module docstring, "Certified top-k exit"). The gaps are taken in float64, where the
-    difference of two float32 scores is exact.
-    """
-    vals = z if rows is None else z.index_select(0, rows)  # [T, Q']
-    m = min(k + 1, vals.shape[0])
-    if m < 2:
-        return torch.ones(z.shape[1], dtype=torch.bool, device=z.device)
-    top = vals.topk(m, dim=0).values.to(torch.float64)  # [m, Q'], descending
-    return ((top[:-1] - top[1:]) > eps.to(torch.float64)).all(dim=0)
 
 
 def _steps_to_tol(worst: float, previous: float, gap: int, tol: float) -> int:

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.config import check_ppr_method
+from hippo_gpu.ppr.certificate import check_top_k, stall_steps
 from hippo_gpu.ppr.closed_form import ClosedForm
 from hippo_gpu.ppr.iteration import (
     DEFAULT_MAX_ITER,
@@ -43,12 +44,10 @@ from hippo_gpu.ppr.iteration import (
     check_damping,
     check_seeds,
     check_seeds_shape,
-    check_top_k,
     default_tol,
     normalised_seeds,
     ppr_chebyshev,
     ppr_iterate,
-    stall_steps,
 )
 from hippo_gpu.ppr.ordering import permute_csr, rcm_permutation
 from hippo_gpu.ppr.rounding import (
