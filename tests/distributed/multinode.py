@@ -287,14 +287,16 @@ def ok_passages(cache: Path) -> int:
 def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
                     endpoints: list[str], work: Path, *, body_of: Any, clients: int = 3,
                     part_size: int = 40, shard_size: int = 8, replicas: int = 2,
-                    threads: int = 1, timeout_s: float = 300) -> Drill:
+                    threads: int = 1, timeout_s: float = 300, after_kill: Any = None) -> Drill:
     """Serve `index` with `serve --ray ADDRESS --replicas N` under `clients` querying clients;
     run `retrieve --ray ADDRESS` over `queries` (2 workers) and `extract --ray ADDRESS` over
     `corpus` (`endpoints`, 2 shards in flight) into `work`; once retrieve has committed 3
     parts and extract a shard, kill the first worker node that runs a retrieve replica, a
     shard and a Serve replica at that moment; wait until Serve runs its `replicas` again, one
     of them new (`timeout_s` at most: then Drill.replaced_at is None), and both jobs end.
-    Every command gets `threads` torch threads.
+    Every command gets `threads` torch threads. `after_kill()`, if given, runs once the node
+    is gone: a caller whose LLM endpoints answer slowly, so that extract cannot end before the
+    kill however fast retrieve starts, speeds them up there.
 
     Serve's HTTP proxy runs on the head node only (all the nodes here share one address, so a
     proxy per node could not each bind the port; a real cluster puts one on every node),
@@ -354,6 +356,8 @@ def node_loss_drill(cluster: Any, index: Path, queries: Path, corpus: Path,
             killed_at = time.monotonic()
             kill_node(cluster, victim[0])
             marks["killed"] = killed_at - t0
+            if after_kill is not None:
+                after_kill()
 
             def replaced() -> bool:
                 states = serve.status().applications["hippo-gpu"].deployments[

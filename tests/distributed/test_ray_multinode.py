@@ -88,13 +88,21 @@ def drill(hash_index: Path,
     work = tmp_path_factory.mktemp("drill")
     (work / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in query_rows(QUERY_ROWS)))
     (work / "corpus.json").write_text(json.dumps(corpus(PASSAGES)))
-    llms = FaultServer(delay=0.1), FaultServer(delay=0.1)
+    # Slow answers until the node is lost: extract (64 passages) must still be running when
+    # retrieve has committed 3 parts, which took anywhere from 10 s to 30 s on this machine;
+    # once the node is gone the rest goes fast.
+    llms = FaultServer(delay=1.0), FaultServer(delay=1.0)
+
+    def speed_up() -> None:
+        for s in llms:
+            s.delay = 0.05
     try:
         with local_cluster(WORKERS, CPUS) as cluster:
             done = node_loss_drill(cluster, hash_index, work / "q.jsonl", work / "corpus.json",
                                    [f"openai:fake@{s.url}" for s in llms], work,
                                    body_of=serve_body, part_size=PART_SIZE,
-                                   shard_size=SHARD_SIZE, timeout_s=180)
+                                   shard_size=SHARD_SIZE, timeout_s=180,
+                                   after_kill=speed_up)
         yield done, work, llms
     finally:
         for s in llms:
