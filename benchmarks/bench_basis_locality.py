@@ -49,7 +49,7 @@ from benchmarks.common import (
     quantile,
 )
 
-COMMITS = 16  # hippo_gpu.writer.COMPACT_AFTER: commits between two basis solves
+COMMITS = 16  # hippo_gpu.versions.writer.COMPACT_AFTER: commits between two basis solves
 SHARE = 0.1  # of the median query's certified budget the patched bounds may use by then
 LOOSER = (1e4, 1e2, 1.0)  # accuracies tried: the needed one times these
 WORK_CAP = 50  # edges a node's push may scan, in multiples of nnz (then it counts as capped)
@@ -117,13 +117,13 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
     import torch
 
     from hippo_gpu import build_index
-    from hippo_gpu.build import corpus_state
     from hippo_gpu.config import EncoderConfig, RetrievalConfig
-    from hippo_gpu.delta import Change, NewVectors, apply_change, new_texts, plan_change
     from hippo_gpu.embed import Encoder
+    from hippo_gpu.indexing.build import corpus_state
     from hippo_gpu.ppr.iteration import default_tol
     from hippo_gpu.ppr.push import PushOperator
     from hippo_gpu.synthetic import synthetic_corpus
+    from hippo_gpu.versions.delta import Change, NewVectors, apply_change, new_texts, plan_change
 
     n, repeat = args.synthetic, args.repeat
     cfg = RetrievalConfig()

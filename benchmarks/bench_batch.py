@@ -3,7 +3,8 @@
 The queries are musique_train's questions repeated to --rows rows (10,000 by default) as JSON
 Lines {"id", "query"}; every row answers them with the same index, mode, top-k and batch size:
 
-* local, T threads: ``hippo_gpu.batch.retrieve_file`` (what ``hippo-gpu retrieve`` runs) in this
+* local, T threads: ``hippo_gpu.retrieval.batch.retrieve_file`` (what ``hippo-gpu retrieve`` runs)
+in this
   process, for each T in --local-threads; the index is loaded and the encoder warmed first,
   so the figure is the answering alone (load time printed apart);
 * ray, W workers x --threads threads: ``hippo_gpu.distributed.retrieve_ray`` (``hippo-gpu
@@ -97,8 +98,8 @@ def memory(index: Path, threads: int) -> dict[str, float]:
 def run_local(index: Path, queries: Path, out: Path, threads: int,
               args: argparse.Namespace) -> dict[str, Any]:
     import hippo_gpu
-    from hippo_gpu.batch import retrieve_file
     from hippo_gpu.device import set_threads
+    from hippo_gpu.retrieval.batch import retrieve_file
 
     set_threads(threads)
     t0 = time.perf_counter()
@@ -115,7 +116,7 @@ def run_local(index: Path, queries: Path, out: Path, threads: int,
 def run_ray(index: Path, queries: Path, out: Path, workers: int, cpus: float,
             args: argparse.Namespace, spans: Path) -> dict[str, Any]:
     from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
     class TimedActor(IndexActor):
         """Records (pid, start, end, rows) of every chunk it answers."""

@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     git = check_clean_or_exit(args.allow_dirty)
 
-    from hippo_gpu.durable_files import sha256_file, sha256_files
+    from hippo_gpu.storage.durable import sha256_file, sha256_files
 
     root = Path(args.index)
     files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []

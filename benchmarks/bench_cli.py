@@ -92,7 +92,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch, hippo_gpu
 t1 = time.perf_counter()
-from hippo_gpu.writer import IndexWriter
+from hippo_gpu.versions.writer import IndexWriter
 t2 = time.perf_counter()
 w = IndexWriter(sys.argv[1], device="cpu", cache_dir=sys.argv[4], verify=False).open()
 t3 = time.perf_counter()
@@ -104,7 +104,7 @@ print(json.dumps({"import_torch_hippo_gpu_s": t1 - t0, "import_writer_s": t2 - t
                   "open_s": t3 - t2, "insert_commit_s": t4 - t3,
                   "commit_stages": w.last_change.stage_seconds}))
 """
-_OLD_STATS = ("import json, sys\nfrom hippo_gpu.versions import load_index\n"
+_OLD_STATS = ("import json, sys\nfrom hippo_gpu.versions.load import load_index\n"
               "print(json.dumps(load_index(sys.argv[1], device='cpu').stats()))\n")
 
 
@@ -150,7 +150,7 @@ def _prepare(work: Path, n: int, extra: int, seed: int, threads: int,
              env: dict[str, str]) -> float | None:
     """The synthetic files and the index of the first n passages in `work` (built by
     `hippo-gpu index`; reused when there). Returns the build's seconds, None when reused."""
-    from hippo_gpu.store import IndexFormatError, manifest_stats, read_manifest
+    from hippo_gpu.storage.directory import IndexFormatError, manifest_stats, read_manifest
 
     index, marker = work / "index", work / "build.json"
     want = {"passages": n, "extra": extra, "seed": seed}

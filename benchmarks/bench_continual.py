@@ -127,7 +127,7 @@ def _adjacency_diff(a: Any, b: Any) -> dict[str, Any]:
 def _writer_phase(index_dir: Path, device: str, cache_dir: Path | None,
                   change: Any) -> tuple[float, dict[str, float], Any, Any]:
     """Open a writer, stage `change(w)`, commit, close: (wall s, stages, report, new index)."""
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.versions.writer import IndexWriter
 
     start = time.perf_counter()
     w = IndexWriter(index_dir, device=device, cache_dir=cache_dir)
@@ -173,11 +173,11 @@ def main(args: argparse.Namespace) -> None:
 
     import_s = time.perf_counter() - t0
 
-    from hippo_gpu.build import build_index
     from hippo_gpu.config import EncoderConfig
     from hippo_gpu.data import passage_key, read_questions
     from hippo_gpu.evaluate import evaluate_mode
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.indexing.build import build_index
+    from hippo_gpu.retrieval.searcher import Searcher
 
     corpus = json.loads((data / "corpus.json").read_text(encoding="utf-8"))
     cut = int(round((1 - args.holdout) * len(corpus)))
@@ -248,8 +248,8 @@ def main(args: argparse.Namespace) -> None:
     # the last --stream passages (built from the warm cache: its vectors are the full build's),
     # one writer, one commit per passage, no embedding cache (each passage's texts really
     # encoded), no compaction until the end; then compact and compare with (d)'s full build
-    from hippo_gpu.versions import load_index
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.versions.load import load_index
+    from hippo_gpu.versions.writer import IndexWriter
 
     n_stream = min(args.stream, len(corpus) - 1)
     stream = corpus[len(corpus) - n_stream:]

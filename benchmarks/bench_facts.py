@@ -53,10 +53,10 @@ def main() -> None:
     import torch
 
     from hippo_gpu import kernels
-    from hippo_gpu.blockwise import block_rows, panel_slabs, scores_against
     from hippo_gpu.config import RetrievalConfig
-    from hippo_gpu.ranking import minmax_rows
-    from hippo_gpu.seeds import FACT_BYTES, _fact_topk_blocked, fact_topk
+    from hippo_gpu.retrieval.blockwise import block_rows, panel_slabs, scores_against
+    from hippo_gpu.retrieval.ranking import minmax_rows
+    from hippo_gpu.retrieval.seeds import FACT_BYTES, _fact_topk_blocked, fact_topk
 
     if not kernels.AVAILABLE or kernels.FORCE_TORCH:
         raise SystemExit("the numba kernel path is off: nothing new to measure")

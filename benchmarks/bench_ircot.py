@@ -8,7 +8,7 @@ Psychological Association."); the last sub-question's thought also carries "So t
 retrieval can reach when every thought states the right bridge fact), not a model's recall.
 
 Part 1, recall: per mode (dense, hipporag2, hybrid), recall@2/@5/@10 of one-step retrieval and
-of the IRCoT merged list for each --steps S (hippo_gpu.ircot: max-merge of the retrievals,
+of the IRCoT merged list for each --steps S (hippo_gpu.retrieval.ircot: max-merge of the retrievals,
 ranked[:k] passages per step, stop phrase), top_k --top-k per retrieval, all questions in one
 batched loop.
 
@@ -88,7 +88,7 @@ import torch  # noqa: E402
 
 from hippo_gpu.data import read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
-from hippo_gpu.ircot import (  # noqa: E402
+from hippo_gpu.retrieval.ircot import (  # noqa: E402
     STOP_PHRASE,
     IRCoTReport,
     Thought,
@@ -96,7 +96,7 @@ from hippo_gpu.ircot import (  # noqa: E402
     ircot_one_at_a_time,
     ircot_retrieve,
 )
-from hippo_gpu.search import Searcher  # noqa: E402
+from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
 _REF = re.compile(r"#(\d+)")
 

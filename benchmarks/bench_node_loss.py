@@ -12,7 +12,7 @@ both jobs are under way, a worker node that runs a part of all three is killed (
 raylet, object store and agents). Prints and appends to benchmarks/results/bench_node_loss.jsonl:
 
 * retrieve: ids in, ids out, duplicates, lost, rows whose keys differ from the local command's
-  (hippo_gpu.batch.retrieve_file), wall time, actor restarts;
+  (hippo_gpu.retrieval.batch.retrieve_file), wall time, actor restarts;
 * extract: passages, documents out, duplicates, lost, passages asked of the LLM again (their
   triples; their NER apart), wall;
 * serve: requests, the gap (node killed -> replacement replica running) in seconds, requests
@@ -89,9 +89,9 @@ def main(args: argparse.Namespace) -> None:
     except ImportError as e:
         skip(f"needs Ray (data, serve) and the tests folder of a checkout: {e}")
     from hippo_gpu import build_index
-    from hippo_gpu.batch import retrieve_file
+    from hippo_gpu.retrieval.batch import retrieve_file
+    from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.sample import paths
-    from hippo_gpu.searcher_spec import SearcherSpec
     from tests.helpers import QUERIES
 
     git = check_clean_or_exit(args.allow_dirty)

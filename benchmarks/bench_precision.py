@@ -75,8 +75,8 @@ import torch  # noqa: E402
 
 from hippo_gpu.data import read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
-from hippo_gpu.index import Index  # noqa: E402
-from hippo_gpu.search import Searcher  # noqa: E402
+from hippo_gpu.indexing.index import Index  # noqa: E402
+from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:

@@ -68,7 +68,7 @@ def measure_one(index_dir: str, mode: str, budget: int | None, q: int, top_k: in
 
     from hippo_gpu import Searcher, load_index
     from hippo_gpu.config import ENTITY_MODES, RetrievalConfig
-    from hippo_gpu.seeds import FACT_BYTES, NODE_VECTORS, PASSAGE_BYTES, plan_chunks
+    from hippo_gpu.retrieval.seeds import FACT_BYTES, NODE_VECTORS, PASSAGE_BYTES, plan_chunks
 
     index = load_index(index_dir, device="cpu")
     cfg = RetrievalConfig(dtype=dtype)

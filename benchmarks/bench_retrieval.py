@@ -126,9 +126,9 @@ import torch  # noqa: E402
 
 from hippo_gpu.data import Question, read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
-from hippo_gpu.index import Index  # noqa: E402
-from hippo_gpu.results import Ranking  # noqa: E402
-from hippo_gpu.search import Searcher  # noqa: E402
+from hippo_gpu.indexing.index import Index  # noqa: E402
+from hippo_gpu.retrieval.results import Ranking  # noqa: E402
+from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 AGREE_K = 10  # top-k compared between the baseline and our hipporag2 mode

@@ -60,10 +60,10 @@ def main() -> None:
     from hippo_gpu import Searcher
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.data import read_questions
-    from hippo_gpu.entities import heuristic_entities
-    from hippo_gpu.hybrid import link_entities
     from hippo_gpu.ppr import PPRSolver, ToleranceError
-    from hippo_gpu.seeds import leading_block
+    from hippo_gpu.retrieval.entities import heuristic_entities
+    from hippo_gpu.retrieval.hybrid import link_entities
+    from hippo_gpu.retrieval.seeds import leading_block
 
     index = musique_index(data, args.index_dir)
     searcher = Searcher(index)

@@ -116,8 +116,8 @@ def phase_gen(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 def phase_build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from hippo_gpu.build import build_index
     from hippo_gpu.config import GraphConfig
+    from hippo_gpu.indexing.build import build_index
 
     out = root / "index"
     t0 = time.perf_counter()
@@ -149,8 +149,8 @@ def phase_query(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import torch
 
     from hippo_gpu.config import RetrievalConfig
-    from hippo_gpu.search import Searcher
-    from hippo_gpu.versions import load_index
+    from hippo_gpu.retrieval.searcher import Searcher
+    from hippo_gpu.versions.load import load_index
 
     t0 = time.perf_counter()
     index = load_index(root / "index", device=args.device)
@@ -215,7 +215,7 @@ def phase_prpack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     from hippo_gpu.embed import Encoder
     from hippo_gpu.ppr import personalized_pagerank
-    from hippo_gpu.versions import load_index
+    from hippo_gpu.versions.load import load_index
 
     try:
         import igraph as ig

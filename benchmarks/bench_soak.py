@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> None:
     from hippo_gpu import Searcher, build_index, load_index
     from hippo_gpu.config import GraphConfig, RetrievalConfig
     from hippo_gpu.ppr import default_tol
-    from hippo_gpu.store import is_index_dir, read_manifest
+    from hippo_gpu.storage.directory import is_index_dir, read_manifest
     from hippo_gpu.synthetic import synthetic_corpus
 
     git = check_clean_or_exit(args.allow_dirty)

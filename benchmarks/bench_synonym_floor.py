@@ -79,13 +79,13 @@ def main() -> None:
         raise SystemExit(2)
 
     from hippo_gpu.config import GraphConfig
-    from hippo_gpu.synonyms import (
+    from hippo_gpu.indexing.synonyms import (
         BLOCK_ROWS,
         SynonymEdges,
         synonym_candidates_k,
         update_synonym_rows,
     )
-    from hippo_gpu.vector_search import exact_topk
+    from hippo_gpu.indexing.vector_search import exact_topk
 
     cfg = GraphConfig(knn_backend="torch")
     dev = torch.device(args.device)

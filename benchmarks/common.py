@@ -48,7 +48,7 @@ from benchmarks.provenance import (
 from benchmarks.timing import Timing, quantile, summarize, time_call
 
 if TYPE_CHECKING:
-    from hippo_gpu.index import Index
+    from hippo_gpu.indexing.index import Index
 
 __all__ = [
     "DATA_ROOTS", "EMBEDDING_CACHE", "MUSIQUE_OPENIE", "REPO", "RESULTS", "SKIP", "THREAD_VARS",
@@ -250,7 +250,7 @@ def musique_index(data: Path, index_dir: str | Path | None, *, device: str = "cp
         build_device: where a build runs (default `device`).
     """
     from hippo_gpu import load_index
-    from hippo_gpu.store import IndexFormatError
+    from hippo_gpu.storage.directory import IndexFormatError
 
     build_device = build_device or device
     if index_dir is None:

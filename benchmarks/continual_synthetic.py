@@ -19,7 +19,7 @@ On hippo_gpu.synthetic's corpus of N + changes passages (musique_train's OpenIE 
 (f) the result against a fresh build of the final corpus, by what a user sees
     (benchmarks/soak.py's `index_differences` and `ranking_differences`): counts, edges and
     weights and synonym pairs by name (phrase text, passage key: never a row number), with
-    tests/test_writer.py's full comparison (`equal`, its first difference if not), and the
+    tests/versions/test_writer.py's full comparison (`equal`, its first difference if not), and the
     hipporag2 top-10 of the 32 queries up to certified ties (positions that differ, and
     differences beyond the two solves' L1 bounds: must be 0). Equality needs an exact synonym
     kNN (`--exact-synonyms`): the default CPU backend at these sizes is the approximate
@@ -157,7 +157,7 @@ def _build_child(n: int, total: int, seed: int, exact: bool, openie: str, out: s
 def _base(work: Path, index_dir: Path, openie: Path, n: int, total: int, args: Any) -> float:
     """Build (a) in a child process, or reuse a pristine base of the same parameters: the
     build's seconds."""
-    from hippo_gpu.store import read_manifest
+    from hippo_gpu.storage.directory import read_manifest
 
     marker, pristine = work / "build.json", work / "base.pristine"
     want = {"passages": n, "total": total, "seed": args.seed, "exact": bool(args.exact_synonyms)}

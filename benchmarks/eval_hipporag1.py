@@ -1,8 +1,9 @@
-"""Recall of the legacy HippoRAG 1 mode (hippo_gpu.hipporag1) on musique_train and the sample.
+"""Recall of the legacy HippoRAG 1 mode (hippo_gpu.retrieval.hipporag1) on musique_train and the
+sample.
 
-Query entities are capitalised spans of each question (hippo_gpu.entities.heuristic_entities):
-no LLM NER runs here, and neither musique_train nor the bundled sample ships a query-NER file.
-Rows, all on the same index, entities and questions:
+Query entities are capitalised spans of each question
+(hippo_gpu.retrieval.entities.heuristic_entities): no LLM NER runs here, and neither musique_train
+nor the bundled sample ships a query-NER file. Rows, all on the same index, entities and questions:
 
 * searcher        ``evaluate_mode(Searcher(index), questions, "hipporag1", query_entities=...)``:
                   the mode as shipped, D' (passage-fact incidence derived from the index).
@@ -61,11 +62,11 @@ if ARGS is not None:
 import torch  # noqa: E402
 
 from hippo_gpu import Searcher, build_index  # noqa: E402
-from hippo_gpu import hipporag1 as v1  # noqa: E402
 from hippo_gpu.config import RetrievalConfig  # noqa: E402
 from hippo_gpu.data import as_passages, read_openie, read_questions  # noqa: E402
-from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.evaluate import evaluate_mode, recall_at_k  # noqa: E402
+from hippo_gpu.retrieval import hipporag1 as v1  # noqa: E402
+from hippo_gpu.retrieval.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.sample import paths as sample_paths  # noqa: E402
 
 

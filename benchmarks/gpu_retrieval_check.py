@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.retrieval.searcher import Searcher
 
     questions = list({q.question: q for q in read_questions(data / "questions.json")}.values())
     if len(questions) < args.min_questions:

@@ -55,7 +55,7 @@ def main() -> None:
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.search import Searcher
+    from hippo_gpu.retrieval.searcher import Searcher
 
     data = musique_dir(root=args.data_dir, need=("questions.json",))
     idx = musique_index(data, args.index_dir, precision=args.precision)

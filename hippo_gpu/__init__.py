@@ -21,34 +21,34 @@ from typing import TYPE_CHECKING, Any
 from hippo_gpu.config import __version__
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
-    from hippo_gpu.build import build_index
     from hippo_gpu.config import EncoderConfig, GraphConfig, IndexConfig, RetrievalConfig
     from hippo_gpu.errors import HippoGpuError
-    from hippo_gpu.explanation import HitExplanation, QueryExplanation
-    from hippo_gpu.index import Index
-    from hippo_gpu.results import Hit, Ranking
-    from hippo_gpu.search import Searcher
-    from hippo_gpu.searcher_spec import SearcherSpec
-    from hippo_gpu.versions import load_index
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.indexing.build import build_index
+    from hippo_gpu.indexing.index import Index
+    from hippo_gpu.retrieval.explanation import HitExplanation, QueryExplanation
+    from hippo_gpu.retrieval.results import Hit, Ranking
+    from hippo_gpu.retrieval.searcher import Searcher
+    from hippo_gpu.retrieval.spec import SearcherSpec
+    from hippo_gpu.versions.load import load_index
+    from hippo_gpu.versions.writer import IndexWriter
 
 # each public name of __all__ (but __version__) -> the module that defines it
 _SOURCES = {
     "EncoderConfig": "hippo_gpu.config",
     "GraphConfig": "hippo_gpu.config",
     "HippoGpuError": "hippo_gpu.errors",
-    "Hit": "hippo_gpu.results",
-    "HitExplanation": "hippo_gpu.explanation",
-    "Index": "hippo_gpu.index",
+    "Hit": "hippo_gpu.retrieval.results",
+    "HitExplanation": "hippo_gpu.retrieval.explanation",
+    "Index": "hippo_gpu.indexing.index",
     "IndexConfig": "hippo_gpu.config",
-    "IndexWriter": "hippo_gpu.writer",
-    "QueryExplanation": "hippo_gpu.explanation",
-    "Ranking": "hippo_gpu.results",
+    "IndexWriter": "hippo_gpu.versions.writer",
+    "QueryExplanation": "hippo_gpu.retrieval.explanation",
+    "Ranking": "hippo_gpu.retrieval.results",
     "RetrievalConfig": "hippo_gpu.config",
-    "Searcher": "hippo_gpu.search",
-    "SearcherSpec": "hippo_gpu.searcher_spec",
-    "build_index": "hippo_gpu.build",
-    "load_index": "hippo_gpu.versions",
+    "Searcher": "hippo_gpu.retrieval.searcher",
+    "SearcherSpec": "hippo_gpu.retrieval.spec",
+    "build_index": "hippo_gpu.indexing.build",
+    "load_index": "hippo_gpu.versions.load",
 }
 
 __all__ = [
@@ -74,7 +74,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """A public name, imported from its module on first access and then kept here (so the
     next access is a plain attribute). Any other name is an AttributeError, which is also
-    what lets `from hippo_gpu import hipporag1` fall through to importing the submodule."""
+    what lets `from hippo_gpu import retrieval` fall through to importing the submodule."""
     source = _SOURCES.get(name)
     if source is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

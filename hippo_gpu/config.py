@@ -313,18 +313,19 @@ class RetrievalConfig:
         passage rows of the PPR operator solved once per index: seconds on a CPU for ~2k
         passages, then one GEMM per batch) pick a PPRSolver method for every mode
         (hippo_gpu.ppr.PPRSolver).
-    hybrid_*: the hybrid mode (see hippo_gpu.search): the phrase seeds are normalised to sum 1
+    hybrid_*: the hybrid mode (see hippo_gpu.retrieval.searcher): the phrase seeds are normalised to
+    sum 1
         and a passage prior hybrid_passage_node_weight * softmax(hybrid_temperature * cos) is
         added; the PPR ranking, the dense ranking and (with hybrid_entity_weight > 0) a
         HippoRAG 1 entity ranking are fused by weighted reciprocal rank (see
-        hippo_gpu.hybrid.hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
+        hippo_gpu.retrieval.hybrid.hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
         even-numbered half of musique_train's questions (benchmarks/tune_hybrid.py).
     chunk_bytes: working-memory budget of one retrieval chunk, in bytes (default 1.75 GiB). The
         query path never holds a [Q, F] query-fact or a [Q, P] / [N, Q] query-passage/node
         matrix whole once it outgrows this: fact scores are taken in fact-row blocks with a
         running exact top-k, and passage scores, seeds, PPR and fusion run over query-column
-        chunks, both sized from this budget (hippo_gpu.search.plan_chunks). Results do not
-        depend on it; an index small enough for the budget runs as one chunk. Smaller chunks
+        chunks, both sized from this budget (hippo_gpu.retrieval.searcher.plan_chunks). Results do
+        not depend on it; an index small enough for the budget runs as one chunk. Smaller chunks
         cost time (fewer columns per PPR solve); benchmarks/bench_query_memory.py measures both.
     """
 

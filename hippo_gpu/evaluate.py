@@ -2,7 +2,7 @@
 
 Recall@k of a query = |top-k passages ∩ gold passages| / |gold passages|, averaged over queries
 (HippoRAG's retrieval_eval). Passages are matched by chunk key (md5 of title + "\\n" + text).
-IRCoT (`evaluate_ircot`) scores the merged list of each question (hippo_gpu.ircot).
+IRCoT (`evaluate_ircot`) scores the merged list of each question (hippo_gpu.retrieval.ircot).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import Question
-from hippo_gpu.ircot import STOPS, IRCoTReport, ThoughtSource, ircot_retrieve
-from hippo_gpu.results import FactFilter, Ranking
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.ircot import STOPS, IRCoTReport, ThoughtSource, ircot_retrieve
+from hippo_gpu.retrieval.results import FactFilter, Ranking
+from hippo_gpu.retrieval.searcher import Searcher
 
 RECALL_KS = (1, 2, 5, 10, 20, 50, 100, 200)
 

@@ -75,9 +75,9 @@ def test_kernels_import_nothing_of_the_package_above_them() -> None:
 
 
 def test_index_is_data_only_and_nothing_guesses_signatures() -> None:
-    index_src = (ROOT / "hippo_gpu" / "index.py").read_text()
+    index_src = (ROOT / "hippo_gpu" / "indexing/index.py").read_text()
     assert not re.search(r"_cache|_encoder", index_src)
-    assert "def retrieve" not in index_src and "hippo_gpu.search" not in index_src
+    assert "def retrieve" not in index_src and "hippo_gpu.retrieval.searcher" not in index_src
     for path in (ROOT / "hippo_gpu").rglob("*.py"):
         assert "inspect.signature" not in path.read_text(), path
 

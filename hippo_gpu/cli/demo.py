@@ -8,8 +8,8 @@ which way it went rather than what one hopes.
 
 hipporag1 seeds PPR with the query's named entities. The sample ships no NER file and the demo
 calls no LLM, so they are the capitalised spans of each question
-(`hippo_gpu.entities.heuristic_entities`); a question with no span gets no seed, and v1 then
-ranks every passage equally (corpus order), so its hits there are luck, and are counted apart.
+(`hippo_gpu.retrieval.entities.heuristic_entities`); a question with no span gets no seed, and v1
+then ranks every passage equally (corpus order), so its hits there are luck, and are counted apart.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.table import Table
 from hippo_gpu.cli.common import console, setup
 
 if TYPE_CHECKING:
-    from hippo_gpu.index import Index
+    from hippo_gpu.indexing.index import Index
 
 MODES = ("dense", "hipporag2", "hybrid", "hipporag1")
 DEEP_K = 10  # the second, deeper cut the summary also reports
@@ -37,7 +37,7 @@ def demo(
     """Index the bundled sample corpus and answer its multi-hop questions in every mode."""
     import tempfile
 
-    from hippo_gpu.build import build_index
+    from hippo_gpu.indexing.build import build_index
     from hippo_gpu.sample import paths
 
     n = setup(threads)
@@ -49,9 +49,9 @@ def demo(
 
 def _show(idx: Index, top_k: int, n: int) -> None:
     from hippo_gpu.data import read_questions
-    from hippo_gpu.entities import heuristic_entities
+    from hippo_gpu.retrieval.entities import heuristic_entities
+    from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.sample import paths
-    from hippo_gpu.search import Searcher
 
     files = paths()
     console.print(f"[bold]indexed the sample corpus[/] ({n} threads, {idx.device}): "
@@ -65,7 +65,8 @@ def _show(idx: Index, top_k: int, n: int) -> None:
     entities = heuristic_entities(texts)
     no_entity = [not e for e in entities]
     console.print("hipporag1 needs query entities; the sample has no NER file, so they are the "
-                  "capitalised spans of each question (hippo_gpu.entities.heuristic_entities): "
+                  "capitalised spans of each question "
+                 "(hippo_gpu.retrieval.entities.heuristic_entities): "
                   + "; ".join(f"Q{i + 1} {e or 'none'}" for i, e in enumerate(entities)))
 
     searcher = Searcher(idx)

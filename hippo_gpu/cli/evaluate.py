@@ -1,5 +1,5 @@
 """`hippo-gpu eval`: Recall@k, queries/s and time per stage for each retrieval mode, and with
---ircot the same modes inside the IRCoT loop (hippo_gpu.ircot)."""
+--ircot the same modes inside the IRCoT loop (hippo_gpu.retrieval.ircot)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from hippo_gpu.data import Question
     from hippo_gpu.evaluate import IRCoTModeResult
     from hippo_gpu.llm.ircot import IRCoTReasoner
-    from hippo_gpu.search import Searcher
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.searcher import Searcher
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
 
 def _find_openie(data: Path) -> Path:
@@ -57,8 +57,8 @@ def _index_dir(corpus: Path, openie: Path, index_dir: Path | None, encoder: str)
 def _open_or_build(spec: SearcherSpec, corpus: Path, openie: Path) -> tuple[Searcher, bool]:
     """(searcher, built): the spec's index opened, or (absent or incompatible) built from
     corpus + openie with the spec's encoder model at its precision, then opened."""
-    from hippo_gpu.build import build_index
-    from hippo_gpu.index import IndexFormatError
+    from hippo_gpu.indexing.build import build_index
+    from hippo_gpu.indexing.index import IndexFormatError
 
     if (spec.index / "manifest.json").exists():
         try:
@@ -115,7 +115,7 @@ def eval_cmd(
 
     from hippo_gpu.data import read_questions
     from hippo_gpu.evaluate import evaluate_mode
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
     n = setup(threads)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
@@ -251,7 +251,7 @@ def _print_ircot(results: dict[str, IRCoTModeResult], ks: list[str], data_name: 
 def _query_entities(questions, query_ner: Path | None,
                     llm: str | None) -> tuple[list[list[str]], str]:
     """Entities per question and where they came from: a NER file, an LLM, else the
-    capitalised-span heuristic (hippo_gpu.entities)."""
+    capitalised-span heuristic (hippo_gpu.retrieval.entities)."""
     texts = [q.question for q in questions]
     if query_ner is not None:
         from hippo_gpu.llm.ner import read_query_ner_tsv
@@ -266,7 +266,7 @@ def _query_entities(questions, query_ner: Path | None,
             return ner(texts), f"LLM {llm}"
         finally:
             ner.close()
-    from hippo_gpu.entities import heuristic_entities
+    from hippo_gpu.retrieval.entities import heuristic_entities
 
     return heuristic_entities(texts), "capitalised spans"
 

@@ -72,7 +72,7 @@ def index(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build an index from a corpus and its OpenIE output (or extract it with --llm first)."""
-    from hippo_gpu.build import build_index
+    from hippo_gpu.indexing.build import build_index
 
     n = setup(threads, verbose)
     try:
@@ -102,11 +102,11 @@ def index(
 def stats(path: Path = typer.Argument(..., help="index directory"),
           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Print an index's counts (upstream graph_info definitions), read from its manifest."""
-    from hippo_gpu.store import manifest_stats, read_manifest
+    from hippo_gpu.storage.directory import manifest_stats, read_manifest
 
     s = manifest_stats(read_manifest(path))
     if s is None:  # a manifest from before the basis summary: the counts of a loaded index
-        from hippo_gpu.versions import load_index
+        from hippo_gpu.versions.load import load_index
 
         s = load_index(path, device="cpu").stats()
     if as_json:
@@ -142,7 +142,7 @@ def insert(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Add passages to an index: one atomic commit, equal to a rebuild of the new corpus."""
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.versions.writer import IndexWriter
 
     n = setup(threads, verbose)
     passages, openie_path = _passages_and_openie(corpus, openie, llm,
@@ -172,7 +172,7 @@ def delete(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Remove passages from an index: one atomic commit, equal to a rebuild without them."""
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.versions.writer import IndexWriter
 
     n = setup(threads, verbose)
     if (keys is None) == (titles is None):
@@ -203,8 +203,8 @@ def compact(path: Path = typer.Argument(..., help="index directory"),
             device: str = typer.Option("auto", help="where the basis solve runs")) -> None:
     """Fold the commits' segments into a new base (with the PPR basis solved) and remove old
     versions no reader holds and a killed writer's leftovers."""
-    from hippo_gpu.store import is_index_dir, read_manifest
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.storage.directory import is_index_dir, read_manifest
+    from hippo_gpu.versions.writer import IndexWriter
 
     if not is_index_dir(path):
         fail(f"{path} is not a hippo-gpu index")

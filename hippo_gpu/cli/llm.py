@@ -138,17 +138,17 @@ def qa(
 ) -> None:
     """Retrieve (one step, or --ircot), then read with an LLM: EM/F1 (SQuAD normalisation)
     next to recall."""
-    from hippo_gpu.build import build_index
     from hippo_gpu.data import as_passages, read_questions
     from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.ircot import ircot_retrieve
+    from hippo_gpu.indexing.build import build_index
     from hippo_gpu.llm.backends import make_backend
     from hippo_gpu.llm.cache import LLMCache
     from hippo_gpu.llm.extract import extract_openie
     from hippo_gpu.llm.filter import RecognitionMemoryFilter
     from hippo_gpu.llm.ner import QueryNER
     from hippo_gpu.llm.qa import QAReader, qa_metrics
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.ircot import ircot_retrieve
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
     if ircot:
         check_max_steps(max_steps)

@@ -59,8 +59,8 @@ def mcp(
     except ImportError as e:
         raise typer.BadParameter(f"the mcp command needs the mcp extra: pip install "
                                  f"'hippo-gpu[mcp]' ({e})") from e
-    from hippo_gpu.search import Searcher
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.searcher import Searcher
+    from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.serve.batcher import BatcherConfig
     from hippo_gpu.serve.service import RetrievalService, parse_index_specs
 

@@ -1,4 +1,4 @@
-"""`hippo-gpu retrieve`: answer a file of queries in batches (resumable; see hippo_gpu.batch)."""
+"""`hippo-gpu retrieve`: answer a file of queries in batches (resumable; see retrieval/batch.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hippo_gpu.cli.reasoning import (
 from hippo_gpu.config import MODES
 
 if TYPE_CHECKING:
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
 
 def retrieve(
@@ -44,7 +44,7 @@ def retrieve(
     explain: bool = typer.Option(False, "--explain",
                                  help="add each hit's score split by seed (columns seeds, "
                                       "contributions, dense, offset, value, bound, "
-                                      "fused_ranks; hippo_gpu.batch)"),
+                                      "fused_ranks; hippo_gpu.retrieval.batch)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
     precision: str = typer.Option("float32", help="float32 | float16 | bfloat16"),
@@ -56,8 +56,8 @@ def retrieve(
     workers: int = typer.Option(1, min=1, help="--ray: actors, each holding one index replica"),
     cpus_per_worker: float = typer.Option(1.0, min=0.0, help="--ray: Ray CPUs per actor"),
     num_gpus_per_worker: float = typer.Option(0.0, min=0.0, help="--ray: GPUs per actor"),
-    ircot: bool = typer.Option(False, "--ircot", help="IRCoT rows (hippo_gpu.ircot): --llm "
-                                                      "writes the thoughts, kept in each row"),
+    ircot: bool = typer.Option(False, "--ircot", help="IRCoT rows (retrieval/ircot.py): "
+                               "--llm writes the thoughts, kept in each row"),
     max_steps: int = typer.Option(3, help=MAX_STEPS_HELP),
     llm: str | None = typer.Option(None, help=f"--ircot: {LLM_HELP}"),
     llm_cache: Path | None = typer.Option(
@@ -73,8 +73,8 @@ def retrieve(
     same output; worker failures are retried; after a crash of this process, rerun the same
     command and it continues from the committed parts, as the local one).
     """
-    from hippo_gpu.batch import retrieve_file
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.batch import retrieve_file
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
     n = setup(threads)
     if mode not in MODES:
@@ -97,7 +97,7 @@ def retrieve(
         return
     options = None
     if ircot:
-        from hippo_gpu.ircot import IRCoTOptions
+        from hippo_gpu.retrieval.ircot import IRCoTOptions
 
         if llm is None:
             fail("--ircot needs --llm SPEC (the LLM that writes the thoughts)")

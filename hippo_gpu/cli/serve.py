@@ -35,7 +35,7 @@ from hippo_gpu.serve.config import LOOPBACK_HOSTS, QueryLimits, ServerConfig, Wr
 
 if TYPE_CHECKING:
     from hippo_gpu.llm.ircot import ReasonerSpec
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def serve(
     /healthz, /readyz and /docs for one or several indexes."""
     import uvicorn
 
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.serve.config import CostLimits
     from hippo_gpu.serve.server import create_app
     from hippo_gpu.serve.service import parse_index_specs

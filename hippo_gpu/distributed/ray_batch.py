@@ -1,6 +1,6 @@
 """Batch retrieval of a query file on a Ray cluster (`hippo-gpu retrieve --ray`), resumable.
 
-Same input and output as hippo_gpu.batch (the local command): rows {"id", "query",
+Same input and output as hippo_gpu.retrieval.batch (the local command): rows {"id", "query",
 "entities"?} as JSON Lines or Parquet in; {"id", "keys", "titles", "scores"} per row, in input
 order, out, JSON Lines or Parquet by OUT's suffix. The answers equal the local command's (same
 keys in the same order; scores equal up to float rounding of a different batch composition).
@@ -16,16 +16,16 @@ Data flow:
             batch_size=1, ActorPoolStrategy(size=N)). Each actor opens the driver's
             SearcherSpec ONCE (the index loaded, the query encoder warmed up); per chunk
             it reads the chunk's rows from the query file, checks them with
-            hippo_gpu.batch.check_row (the local command's rule), answers them with
-            hippo_gpu.batch.answer_rows (the local command's code) in batches of batch_size, and
-            commits OUT.parts/part-<chunk>.parquet (hippo_gpu.parts: temporary name, fsync,
-            rename). It returns one small manifest row per chunk, which the driver streams
-            (progress, counts).
+            hippo_gpu.retrieval.batch.check_row (the local command's rule), answers them with
+            hippo_gpu.retrieval.batch.answer_rows (the local command's code) in batches of
+            batch_size, and commits OUT.parts/part-<chunk>.parquet (hippo_gpu.storage.parts:
+            temporary name, fsync, rename). It returns one small manifest row per chunk, which the
+            driver streams (progress, counts).
     join    the driver reads part 0, 1, 2, ... in order, checks that input positions only
-            increase, and writes OUT with hippo_gpu.batch.write_answers (atomic, the local
+            increase, and writes OUT with hippo_gpu.retrieval.batch.write_answers (atomic, the local
             format); then it removes OUT.parts.
 
-Exactly once. OUT.parts follows the resumable-parts protocol of hippo_gpu.parts (the local
+Exactly once. OUT.parts follows the resumable-parts protocol of hippo_gpu.storage.parts (the local
 command's): a part holds exactly the rows of its chunk and is named by the chunk, and a chunk's
 rows are fixed by the saved plan, so no row can be in two parts and a part is complete or absent:
 - a killed actor (killed, OOM, os._exit): Ray restarts it (up to `max_restarts`) and resubmits its
@@ -72,13 +72,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from hippo_gpu.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
-from hippo_gpu.durable_files import write_atomic
-from hippo_gpu.parts import RunParts
 from hippo_gpu.progress import progress
-from hippo_gpu.searcher_spec import SearcherSpec
+from hippo_gpu.retrieval.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
+from hippo_gpu.retrieval.spec import SearcherSpec
+from hippo_gpu.storage.durable import write_atomic
+from hippo_gpu.storage.parts import RunParts
 
 __all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
 
@@ -308,7 +308,7 @@ def _user_error(e: BaseException) -> DataFormatError | None:
 
 def _run_identity(queries: Path, index: Path, kind: str, mode: str, top_k: int,
                   part_size: int) -> dict[str, Any]:
-    from hippo_gpu.store import read_manifest
+    from hippo_gpu.storage.directory import read_manifest
 
     st = queries.stat()
     return {"queries": str(queries), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
@@ -318,7 +318,7 @@ def _run_identity(queries: Path, index: Path, kind: str, mode: str, top_k: int,
 
 def _open_run(parts: RunParts, identity: dict[str, Any], queries: Path) -> list[list[int]]:
     """The plan of this run: the saved one when OUT.parts holds the same run, else a new one
-    (saved with the identity). Refuses parts of another run (hippo_gpu.parts)."""
+    (saved with the identity). Refuses parts of another run (hippo_gpu.storage.parts)."""
     saved = parts.resume(identity)
     if saved is None:
         saved = parts.start(identity, plan=plan_chunks(queries, identity["part_size"]))

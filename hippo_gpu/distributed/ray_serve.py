@@ -60,9 +60,9 @@ except ImportError as e:
     raise ImportError("serve --ray needs Ray Serve: pip install 'hippo-gpu[ray]'") from e
 
 from hippo_gpu.llm.ircot import ReasonerSpec
-from hippo_gpu.searcher_spec import SearcherSpec
+from hippo_gpu.retrieval.spec import SearcherSpec
 from hippo_gpu.serve.server import ServerConfig, create_app
-from hippo_gpu.store import read_manifest
+from hippo_gpu.storage.directory import read_manifest
 
 __all__ = ["ServeHandle", "deploy", "replica_application", "serve_until_signal"]
 

@@ -42,7 +42,6 @@ import torch
 from safetensors.numpy import load_file, save
 
 from hippo_gpu.config import DEFAULT_ENCODER, OPENAI_PREFIX, EncoderConfig, RemoteEncoderConfig
-from hippo_gpu.durable_files import naming_full_disk, write_atomic
 from hippo_gpu.embed.onnx_backend import (
     OnnxEncoder,
     OnnxExportError,
@@ -55,6 +54,7 @@ from hippo_gpu.embed.rows import l2_normalize
 from hippo_gpu.embed.sources import HashEncoder, hash_encoder_dim
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.progress import progress
+from hippo_gpu.storage.durable import naming_full_disk, write_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from hippo_gpu.config import cache_root
-from hippo_gpu.durable_files import write_atomic
 from hippo_gpu.embed.rows import l2_normalize, length_buckets
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.storage.durable import write_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ behave alike:
   (split into requests of at most `max_queries_per_request`, the server's default limit, 64).
   The server does not return passage rows, so `Passage.row` is None in this mode.
 
-IRCoT (`ircot_steps=S`, hippo_gpu.ircot): each query's ranking is its merged IRCoT list (up to
-k x S passages). Locally the client's `reasoner` (hippo_gpu.llm.ircot.IRCoTReasoner or any
-ThoughtSource) writes the thoughts; over HTTP the request carries {"ircot": {"max_steps": S}}
-and the server's own LLM (`serve --llm`) writes them.
+IRCoT (`ircot_steps=S`, hippo_gpu.retrieval.ircot): each query's ranking is its merged IRCoT list
+(up to k x S passages). Locally the client's `reasoner` (hippo_gpu.llm.ircot.IRCoTReasoner or any
+ThoughtSource) writes the thoughts; over HTTP the request carries {"ircot": {"max_steps": S}} and
+the server's own LLM (`serve --llm`) writes them.
 
 The two modes return the same ranking for the same index, queries, k and mode (the server is a
 `Searcher` behind a micro-batcher; tests/integrations/test_integrations.py checks it). Scores may
@@ -34,8 +34,8 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.ircot import ThoughtSource, ircot_retrieve
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.ircot import ThoughtSource, ircot_retrieve
+from hippo_gpu.retrieval.searcher import Searcher
 
 __all__ = ["Passage", "PassageClient", "RemoteRetrievalError"]
 

@@ -16,7 +16,7 @@ mode) and still reports one retriever run per input to the callbacks. Needs the 
 
 IRCoT: `HippoRetriever(..., ircot_steps=3, reasoner=IRCoTReasoner("openai:..."))` (local) or
 `HippoRetriever(url=..., ircot_steps=3)` (the server's LLM) returns each query's merged IRCoT
-list (hippo_gpu.ircot), up to k x ircot_steps documents.
+list (hippo_gpu.retrieval.ircot), up to k x ircot_steps documents.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from langchain_core.runnables.config import ensure_config, get_config_list
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 
 from hippo_gpu.integrations.client import Passage, PassageClient, check_ircot_steps, check_mode
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.searcher import Searcher
 
 __all__ = ["HippoRetriever"]
 

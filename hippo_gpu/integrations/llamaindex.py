@@ -14,7 +14,7 @@ point, so `retrieve_batch` / `aretrieve_batch` are this class's own (they skip t
 callback events of `retrieve`). Needs the `llamaindex` extra.
 
 IRCoT: `ircot_steps=S` (with `reasoner=` in local mode; over HTTP the server's LLM) returns each
-query's merged IRCoT list (hippo_gpu.ircot), up to k x S nodes.
+query's merged IRCoT list (hippo_gpu.retrieval.ircot), up to k x S nodes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from hippo_gpu.integrations.client import Passage, PassageClient, check_ircot_steps, check_mode
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.searcher import Searcher
 
 __all__ = ["HippoRetriever"]
 

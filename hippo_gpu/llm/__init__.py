@@ -1,7 +1,8 @@
 """LLM layer: OpenIE extraction, recognition-memory filter, query NER and QA reading.
 
 Nothing here imports an LLM client at import time: `openai`, `xllamacpp` and `vllm` are imported
-inside the backend that needs them, so `hippo_gpu.search` and `hippo_gpu.ppr` stay client-free.
+inside the backend that needs them, so `hippo_gpu.retrieval.searcher` and `hippo_gpu.ppr` stay
+client-free.
 
 Backends are named by a spec string (see `make_backend`):
     openai:MODEL@http://host:port/v1   any OpenAI-compatible server

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.durable_files import disk_full
 from hippo_gpu.errors import DiskFullError, HippoGpuError
 from hippo_gpu.llm.backends import canonical_json
+from hippo_gpu.storage.durable import disk_full
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from hippo_gpu.data import OpenIEDoc, Passage, as_passages
-from hippo_gpu.durable_files import write_atomic
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, make_backend
 from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.parse import Limits, OutputRejected, ParseStats, parse_entities, parse_triples
 from hippo_gpu.llm.prompts import OPENIE_NER, OPENIE_TRIPLES, entity_schema, triple_schema
 from hippo_gpu.progress import progress
+from hippo_gpu.storage.durable import write_atomic
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""IRCoTReasoner: the LLM thought source of the IRCoT loop (hippo_gpu.ircot).
+"""IRCoTReasoner: the LLM thought source of the IRCoT loop (hippo_gpu.retrieval.ircot).
 
 One call answers one step of every active question: the uncached requests go to the backend
 as one batch (the OpenAI backend sends them concurrently, each with the SDK's retries), and each
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.ircot import Thought, ThoughtRequest
 from hippo_gpu.llm.backends import Backend, ChatRequest, Completion, canonical_json
 from hippo_gpu.llm.cache import LLMCache, cache_key
 from hippo_gpu.llm.ircot_prompts import ircot_prompt
 from hippo_gpu.llm.llm_step import LLMStep
 from hippo_gpu.llm.prompts import PromptTemplate
+from hippo_gpu.retrieval.ircot import Thought, ThoughtRequest
 
 __all__ = ["IRCoTReasoner", "ReasonerSpec", "parse_thought"]
 

@@ -2,12 +2,12 @@
 generic one, and the reader of a prompt file (`--ircot-prompt FILE`).
 
 Every prompt asks for ONE thought per reply, given the retrieved passages, the question and the
-thoughts so far, and for the stop phrase "So the answer is:" (hippo_gpu.ircot.STOP_PHRASE) in
-the thought that gives the answer. Each has a worked example as two demo turns: the first step
-of a chain and its last step, so the model sees both a continuation and the stop. The wording
-and the examples are our own; upstream's prompts (ircot_musique etc.) share the task, the stop
-phrase and the layout (passages as "Wikipedia Title: ..." blocks, then "Question:", then
-"Thought:" with the thoughts so far).
+thoughts so far, and for the stop phrase "So the answer is:" (hippo_gpu.retrieval.ircot.STOP_PHRASE)
+in the thought that gives the answer. Each has a worked example as two demo turns: the first step of
+a chain and its last step, so the model sees both a continuation and the stop. The wording and the
+examples are our own; upstream's prompts (ircot_musique etc.) share the task, the stop phrase and
+the layout (passages as "Wikipedia Title: ..." blocks, then "Question:", then "Thought:" with the
+thoughts so far).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The passage basis: PPR of the embedding dimensions, solved once per index version.
 
-HippoRAG 2's reset vector (hippo_gpu.seeds.reset_vectors) is r = s + w·minmax(E_P e) at the
-passage rows, with s the few phrase seeds of the query, w = ``passage_node_weight``, E_P the
-[P, D] passage embeddings and e the query's passage vector. With lo and hi the min and max of
-E_P e, minmax(E_P e) = α E_P e + β 1_P for the two scalars α = 1/(hi − lo), β = −lo/(hi − lo)
-(all ones when hi = lo: α = 0, β = 1, as upstream). PPR is linear in the reset vector
-(iteration.py eq. 2: y = L r̂ with L = (1 − d)(I − dM)⁻¹), so at the passage rows T
+HippoRAG 2's reset vector (hippo_gpu.retrieval.seeds.reset_vectors) is r = s + w·minmax(E_P e) at
+the passage rows, with s the few phrase seeds of the query, w = ``passage_node_weight``, E_P the [P,
+D] passage embeddings and e the query's passage vector. With lo and hi the min and max of E_P e,
+minmax(E_P e) = α E_P e + β 1_P for the two scalars α = 1/(hi − lo), β = −lo/(hi − lo) (all ones
+when hi = lo: α = 0, β = 1, as upstream). PPR is linear in the reset vector (iteration.py eq. 2: y =
+L r̂ with L = (1 − d)(I − dM)⁻¹), so at the passage rows T
 
     y_T(r) = (L s)_T + w α Z e + w β z1,    Z = L[T, P] E_P  [P, D],   z1 = L[T, P] 1_P  [P],   (B1)
 

@@ -144,7 +144,7 @@ class PushOperator:
 
         Args:
             seed_query, seed_node, seed_weight: [S] (query, node, weight > 0) triplets, sorted
-                by query (hippo_gpu.seeds' phrase seeds are).
+                by query (hippo_gpu.retrieval.seeds' phrase seeds are).
             num_queries: Q.
             budget: [Q] float64 L1 error allowed at the passage rows.
             work_cap: edges a query may scan before it gives up (``capped``).

@@ -24,11 +24,11 @@ index of P passages and S IRCoT steps (1 without IRCoT):
 - W_QUERY: a query's seeds, PPR solve and ranking.
 - W_HIT: per hit returned. retrieve: building and serialising the passage; explain: the hit's
   float64 PPR column, one term and its bridges per seed, the phrases named
-  (hippo_gpu.explain), serialised. Explain's time per hit grows with top_k (1.8 ms a hit at
-  top_k 100, 3.9 at 999: hippo_gpu.explain._phrases scans the selected incidences and synonyms
-  once per named phrase, 3.2 of 5.3 s in a profile of one query at top_k 999, 4,010 phrases),
-  so W_HIT is its rate at the largest top_k and smaller requests are overestimated (64 x 10
-  explained hybrid: 4,432 units, answered in 1.6 s).
+  (hippo_gpu.retrieval.explain), serialised. Explain's time per hit grows with top_k (1.8 ms a hit
+  at top_k 100, 3.9 at 999: hippo_gpu.retrieval.explain._phrases scans the selected incidences and
+  synonyms once per named phrase, 3.2 of 5.3 s in a profile of one query at top_k 999, 4,010
+  phrases), so W_HIT is its rate at the largest top_k and smaller requests are overestimated (64 x
+  10 explained hybrid: 4,432 units, answered in 1.6 s).
 - S: each IRCoT step retrieves each query again (and a query's merged hits grow to k x S);
   the LLM's time for the thoughts is not estimated.
 

@@ -1,5 +1,5 @@
-"""The body of POST /v1/explain (hippo_gpu.explain's decomposition as pydantic models): per query
-its seeds and kept facts, per hit its value split into one term per seed (with the bridge
+"""The body of POST /v1/explain (hippo_gpu.retrieval.explain's decomposition as pydantic models):
+per query its seeds and kept facts, per hit its value split into one term per seed (with the bridge
 phrases the term entered through), the dense prior's term and hybrid's fusion, and the phrases
 named, with their passages and synonyms. The request is schema.py's (ExplainRequest: retrieve's
 limits). The model class names are the OpenAPI component names.

@@ -1,11 +1,12 @@
-"""IRCoT requests: the batched loop (hippo_gpu.ircot.run_ircot) over the service's micro-batcher.
+"""IRCoT requests: the batched loop (hippo_gpu.retrieval.ircot.run_ircot) over the service's
+micro-batcher.
 
 A request with `"ircot": {"max_steps": S}` runs `run_ircot` on a worker thread (the thought
 source's LLM calls block, and must not block the event loop). Each step's retrieval of the
 request's active queries is ONE submission to the index's micro-batcher, from that thread onto
 the event loop, so thoughts of concurrent IRCoT requests, and plain queries with the same batch
 key, share batched `Searcher` calls; a query's ranking does not depend on its batch, so each
-query gets what `hippo_gpu.ircot.ircot_retrieve` gives it offline with the same thoughts.
+query gets what `hippo_gpu.retrieval.ircot.ircot_retrieve` gives it offline with the same thoughts.
 
 The question's own retrieval uses the request's entities and return_seeds (the seeds returned
 are its own); a thought's retrieval uses none (hybrid: the capitalised spans of the thought;
@@ -21,9 +22,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from hippo_gpu.entities import heuristic_entities
-from hippo_gpu.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
-from hippo_gpu.results import Hit
+from hippo_gpu.retrieval.entities import heuristic_entities
+from hippo_gpu.retrieval.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
+from hippo_gpu.retrieval.results import Hit
 from hippo_gpu.serve.service import Answer, RetrievalService, answered_version
 
 __all__ = ["answer_ircot", "trace"]

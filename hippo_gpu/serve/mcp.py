@@ -7,7 +7,7 @@ Tools:
     explain(query, top_k=10, mode="hipporag2", index=None, entities=None)
         -> {"index", "explanation": {"query", "seeds", "facts", "hits", "phrases", ...}}: each
         hit's score split into one term per seed and one for the dense prior
-        (hippo_gpu.explain; the JSON of POST /v1/explain)
+        (hippo_gpu.retrieval.explain; the JSON of POST /v1/explain)
     retrieve_ircot(query, max_steps=3, top_k=10, mode="hipporag2", index=None, entities=None)
         -> {"index", "mode", "hits", "thoughts", "steps", "stop", "error"}: IRCoT (serve/ircot.py,
         the HTTP API's "ircot"), only on a server given a thought source (`reasoner`)
@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp
 
 from hippo_gpu.config import MODES
-from hippo_gpu.ircot import IRCoTResult, ThoughtSource
+from hippo_gpu.retrieval.ircot import IRCoTResult, ThoughtSource
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import CostLimits, QueryLimits

@@ -13,14 +13,14 @@ request is answered and a schema-invalid one gets 422:
 - `entities` (optional; null = absent) gives one list of entity strings per query (HippoRAG 1
   query NER, e.g. from hippo_gpu.llm.ner). hybrid fuses their entity ranking, hipporag1 is built
   on them and needs them (without: 422), dense and hipporag2 ignore them. hybrid without
-  `entities` uses capitalised spans of each query instead (hippo_gpu.entities); a query whose
-  list is empty gets no entity ranking (hybrid uses its dense ranking there, hipporag1 answers it
-  with the dense ranking). JSON Schema cannot compare two array lengths, so the schema spells the
-  rule out: an `anyOf` with one branch "no entities, mode not hipporag1" and one branch per
-  allowed length n ("n queries and n entity lists").
+  `entities` uses capitalised spans of each query instead (hippo_gpu.retrieval.entities); a query
+  whose list is empty gets no entity ranking (hybrid uses its dense ranking there, hipporag1 answers
+  it with the dense ranking). JSON Schema cannot compare two array lengths, so the schema spells the
+  rule out: an `anyOf` with one branch "no entities, mode not hipporag1" and one branch per allowed
+  length n ("n queries and n entity lists").
 - `ircot` (optional): {"max_steps": S} runs each query through the IRCoT loop
-  (hippo_gpu.ircot), 1 <= S <= ServerConfig.max_ircot_steps, on a server started with an LLM
-  (`--llm`); on one without, the field only accepts null and a value gets a 422 saying so.
+  (hippo_gpu.retrieval.ircot), 1 <= S <= ServerConfig.max_ircot_steps, on a server started with an
+  LLM (`--llm`); on one without, the field only accepts null and a value gets a 422 saying so.
 
 What JSON Schema cannot state is the work budget (serve/budget.py): a product of the fields
 (queries x their characters x top_k x mode x steps), estimated after validation; a request over
@@ -46,7 +46,7 @@ from pydantic import (
 )
 
 from hippo_gpu.config import MODES
-from hippo_gpu.ircot import STOPS
+from hippo_gpu.retrieval.ircot import STOPS
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig, WriteLimits
 from hippo_gpu.serve.explain_schema import ExplainResponse, SeedFact

@@ -11,8 +11,8 @@ Endpoints (operationId in brackets):
         and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
     POST /v1/explain [explain]  the same request as retrieve (without return_seeds), answered
         with each hit's score split into one term per seed and one for the dense prior
-        (hippo_gpu.explain): {"explanations": [{"query", "seeds", "facts", "hits", "phrases",
-        ...} per query]}.
+        (hippo_gpu.retrieval.explain): {"explanations": [{"query", "seeds", "facts", "hits",
+        "phrases", ...} per query]}.
     GET  /v1/stats [stats]    index counts, queue depth, batches, mean batch size, latencies
                               (?index=NAME; default: the first index).
     GET  /v1/indexes [indexes]  {"indexes": [{"name", "version", "passages", "memory_bytes",
@@ -85,7 +85,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig
@@ -133,7 +133,7 @@ from hippo_gpu.serve.ui import add_ui_routes
 from hippo_gpu.serve.writes import SearcherHolder, write_router
 
 if TYPE_CHECKING:
-    from hippo_gpu.ircot import ThoughtSource
+    from hippo_gpu.retrieval.ircot import ThoughtSource
 
 __all__ = ["MCP_PATH", "ServerConfig", "create_app"]
 

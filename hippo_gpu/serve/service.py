@@ -36,9 +36,9 @@ import torch
 
 from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.errors import HippoGpuError
-from hippo_gpu.explanation import explanation_dict
-from hippo_gpu.results import Hit, QueryFailure
-from hippo_gpu.search import Searcher
+from hippo_gpu.retrieval.explanation import explanation_dict
+from hippo_gpu.retrieval.results import Hit, QueryFailure
+from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import (
     BatcherClosedError,
     BatcherConfig,
@@ -149,7 +149,7 @@ class Answer(NamedTuple):
     hits: list[dict[str, Any]]  # JSON-ready {"key", "title", "text", "score", "rank"}
     seeds: list[Any] | None
     error: str | None = None  # why this query has no answer (its PPR is uncertified)
-    explanation: dict[str, Any] | None = None  # explain batches: hippo_gpu.explanation's JSON
+    explanation: dict[str, Any] | None = None  # explain batches: explanation's JSON
     version: int | None = None  # the index version that answered (None: never saved)
 
 
@@ -165,7 +165,7 @@ class _SearcherAdapter:
     """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
 
     A query whose PPR could not be certified gets an `Answer` with `error` set and no hits; the
-    rest of its batch is answered (hippo_gpu.results.Ranking.failed).
+    rest of its batch is answered (hippo_gpu.retrieval.results.Ranking.failed).
 
     Each batch takes the holder's current searcher once, at its start (`pinned`, the
     batcher's session: every chunk of a batch too large for one call), and uses only it: a

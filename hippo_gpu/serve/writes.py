@@ -36,12 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
 from hippo_gpu.errors import DiskFullError
-from hippo_gpu.index import Index
-from hippo_gpu.search import Searcher
+from hippo_gpu.indexing.index import Index
+from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.write_limits import WriteLimits
-from hippo_gpu.store import WriterLockedError, collect_garbage, read_manifest
-from hippo_gpu.versions import needs_compaction
-from hippo_gpu.writer import COMPACT_AFTER, IndexWriter
+from hippo_gpu.storage.directory import WriterLockedError, collect_garbage, read_manifest
+from hippo_gpu.versions.load import needs_compaction
+from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@
 * ``ppr_triton`` (Triton): one fused PPR step on CUDA, opt-in (``USE_TRITON`` or
   ``PPRSolver(kernel="triton")``) until a GPU run shows it faster than cuSPARSE.
 * ``topk_cpu`` (numba): insertion-buffer top-k, behind the synonym join
-  (:func:`hippo_gpu.cosine_join.nearest_lists`) and the one-pass fact top-k
-  (:func:`hippo_gpu.seeds.fact_topk`) on the CPU when ``AVAILABLE``.
+  (:func:`hippo_gpu.indexing.cosine_join.nearest_lists`) and the one-pass fact top-k
+  (:func:`hippo_gpu.retrieval.seeds.fact_topk`) on the CPU when ``AVAILABLE``.
 
 The flags are computed once, at import: ``AVAILABLE`` is whether the numba kernel imports (a
 failure is logged once and leaves it False); ``HIPPO_GPU_FORCE_TORCH=1`` keeps every solver on the

@@ -1,10 +1,10 @@
 """Insertion-buffer top-k kernels (numba) over float32 score blocks.
 
 * `top_p_rows`: per-row top-p column ids of one score block, behind
-  :func:`hippo_gpu.cosine_join.nearest_lists` on the CPU.
+  :func:`hippo_gpu.indexing.cosine_join.nearest_lists` on the CPU.
 * `RunningTopK`: a running top-m and min/max per query, fed one slab of scores at a time,
-  behind :func:`hippo_gpu.seeds.fact_topk` on the CPU (the fact stage reads each fact slab once
-  per query batch and never holds [Q, F] scores).
+  behind :func:`hippo_gpu.retrieval.seeds.fact_topk` on the CPU (the fact stage reads each fact slab
+  once per query batch and never holds [Q, F] scores).
 
 torch.topk runs at ~0.2-0.4 G scores/s on 2 cores for p = 16-64 of C = 2k-12k columns (its
 per-row selection is generic); a row's p best change rarely after the first few hundred columns,

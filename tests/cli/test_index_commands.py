@@ -1,6 +1,7 @@
 """`stats` read from the manifest equals the loaded index's `stats()` in every state an index
 directory can be in; `insert` / `delete` open the index without hashing it and a corrupt file
-stays refused (hippo_gpu/writer.py: why skipping the checksums at open keeps the guarantees)."""
+stays refused (hippo_gpu/versions/writer.py: why skipping the checksums at open keeps the
+guarantees)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typer.testing import CliRunner, Result
 from hippo_gpu import IndexWriter, build_index, load_index
 from hippo_gpu.cli import app
 from hippo_gpu.sample import paths
-from hippo_gpu.store import IndexFormatError, manifest_stats, read_manifest
+from hippo_gpu.storage.directory import IndexFormatError, manifest_stats, read_manifest
 
 runner = CliRunner()
 HELD_OUT = 2  # the sample's last passages, inserted by the tests

@@ -62,11 +62,11 @@ def test_the_package_imports_its_api_on_first_use() -> None:
     code = ("import sys, hippo_gpu\nassert 'torch' not in sys.modules\n"
             "from hippo_gpu import IndexConfig, __version__\n"
             "assert 'torch' not in sys.modules\n"
-            "from hippo_gpu import Searcher, hipporag1\nassert 'torch' in sys.modules\n"
-            "print(Searcher.__module__, hipporag1.__name__, __version__)")
+            "from hippo_gpu import Searcher, retrieval\nassert 'torch' in sys.modules\n"
+            "print(Searcher.__module__, retrieval.__name__, __version__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["hippo_gpu.search", "hippo_gpu.hipporag1",
+    assert out.stdout.split() == ["hippo_gpu.retrieval.searcher", "hippo_gpu.retrieval",
                                   hippo_gpu.__version__]
 
 

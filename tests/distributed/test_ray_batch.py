@@ -21,10 +21,10 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 pytest.importorskip("pyarrow")
 
-from hippo_gpu.batch import retrieve_file  # noqa: E402
 from hippo_gpu.data import DataFormatError  # noqa: E402
 from hippo_gpu.distributed.ray_batch import IndexActor, retrieve_ray  # noqa: E402
-from hippo_gpu.searcher_spec import SearcherSpec  # noqa: E402
+from hippo_gpu.retrieval.batch import retrieve_file  # noqa: E402
+from hippo_gpu.retrieval.spec import SearcherSpec  # noqa: E402
 from tests.helpers import QUERIES, REPO  # noqa: E402
 
 CRASH = "crash trigger "  # + marker path + ": " + question (see CrashOnce)

@@ -4,7 +4,7 @@ the work. The three CLI commands run at once on the cluster, each with a part on
 dies (tests/distributed/multinode.node_loss_drill); each test checks one command's guarantee:
 
 * `retrieve --ray ADDRESS`: the job finishes; every input id is in the output once, in input
-  order, with the local command's keys (hippo_gpu.batch.retrieve_file);
+  order, with the local command's keys (hippo_gpu.retrieval.batch.retrieve_file);
 * `extract --ray ADDRESS` over two OpenAI-compatible loopback endpoints: the OpenIE JSON equals
   the local command's (every passage once, none lost), the cache holds one result per passage,
   and only the shards that ran on the lost node were asked for again;
@@ -35,8 +35,8 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("httpx")
 pytest.importorskip("openai")
 
-from hippo_gpu.batch import retrieve_file  # noqa: E402
 from hippo_gpu.llm.extract import extract_openie  # noqa: E402
+from hippo_gpu.retrieval.batch import retrieve_file  # noqa: E402
 from tests.distributed.multinode import (  # noqa: E402
     ACTOR,
     REPLICA,
@@ -76,7 +76,7 @@ def hash_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hash_searcher(hash_index: Path) -> Any:
-    from hippo_gpu.searcher_spec import SearcherSpec
+    from hippo_gpu.retrieval.spec import SearcherSpec
 
     return SearcherSpec(hash_index, device="cpu", threads=1).open()
 

@@ -38,7 +38,7 @@ from tests.serve.helpers import (  # noqa: E402
     entity_variants,
     offline_hits,
 )
-from tests.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
+from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray Serve deployment of two replicas: ~1.5 min on 2 cores
 
@@ -140,8 +140,8 @@ def test_two_replicas_run_and_answer_like_the_offline_searcher(served, sample_se
 def test_replicas_answer_ircot_as_the_offline_loop(served, sample_searcher, llm):
     """Each replica opens its own thought source from the CLI's --llm: a request's merged
     ranking and thoughts equal the offline batched loop's with the same scripted thoughts."""
-    from hippo_gpu.ircot import ircot_retrieve
     from hippo_gpu.llm.ircot import IRCoTReasoner
+    from hippo_gpu.retrieval.ircot import ircot_retrieve
 
     url, _ = served
     offline = ircot_retrieve(sample_searcher, QUESTIONS[:4], IRCoTReasoner(fast_backend(llm)),

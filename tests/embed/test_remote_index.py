@@ -32,8 +32,8 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.config import EncoderConfig, RemoteEncoderConfig  # noqa: E402
 from hippo_gpu.data import read_questions  # noqa: E402
 from hippo_gpu.embed import EmbeddingServerError  # noqa: E402
-from hippo_gpu.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
+from hippo_gpu.retrieval.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from tests.embed.embedding_server import EmbeddingState, embedder, serving  # noqa: E402
 
@@ -261,8 +261,8 @@ def test_insert_and_instructed_queries_through_the_server(
     torch.testing.assert_close(got, local, rtol=0, atol=1e-6)
 
     # a spec (serve, retrieve, eval) names the model and may move the URL; another model fails
-    from hippo_gpu.searcher_spec import SearcherSpec
-    from hippo_gpu.store import IndexFormatError
+    from hippo_gpu.retrieval.spec import SearcherSpec
+    from hippo_gpu.storage.directory import IndexFormatError
 
     dead = "http://127.0.0.1:9/v1"  # the discard port: nothing answers there
     moved = SearcherSpec(tmp_path / "idx", device="cpu",

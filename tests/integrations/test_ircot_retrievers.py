@@ -1,6 +1,6 @@
 """The retrievers' IRCoT option (`ircot_steps`): locally with a reasoner, over HTTP with the
-server's; both give the offline loop's merged lists (hippo_gpu.ircot.ircot_retrieve), with the
-scripted LLM of tests/scripted_llm.py writing the thoughts."""
+server's; both give the offline loop's merged lists (hippo_gpu.retrieval.ircot.ircot_retrieve), with
+the scripted LLM of tests/scripted_llm.py writing the thoughts."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 pytest.importorskip("openai")
 
 from hippo_gpu.integrations import PassageClient  # noqa: E402
-from hippo_gpu.ircot import ircot_retrieve  # noqa: E402
 from hippo_gpu.llm.ircot import IRCoTReasoner  # noqa: E402
+from hippo_gpu.retrieval.ircot import ircot_retrieve  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
-from tests.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
-from tests.test_ircot_interfaces import serving  # noqa: E402
+from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
+from tests.retrieval.test_ircot_interfaces import serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")

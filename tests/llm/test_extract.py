@@ -298,7 +298,8 @@ def test_bad_spec(spec: str) -> None:
 
 
 def test_llm_package_imports_no_client() -> None:
-    code = ("import sys, hippo_gpu.llm, hippo_gpu.cli.llm, hippo_gpu.search, hippo_gpu.ppr;"
+    code = ("import sys, hippo_gpu.llm, hippo_gpu.cli.llm, hippo_gpu.retrieval.searcher, "
+            "hippo_gpu.ppr;"
             "print([m for m in ('openai', 'xllamacpp', 'vllm') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO)

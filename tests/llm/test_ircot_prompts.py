@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from hippo_gpu.ircot import STOP_PHRASE, ThoughtRequest
 from hippo_gpu.llm.ircot_prompts import (
     IRCOT_PROMPTS,
     IRCoTPromptError,
@@ -14,6 +13,7 @@ from hippo_gpu.llm.ircot_prompts import (
     prompt_dataset,
     read_ircot_prompt,
 )
+from hippo_gpu.retrieval.ircot import STOP_PHRASE, ThoughtRequest
 
 
 def test_the_dataset_picks_the_prompt() -> None:

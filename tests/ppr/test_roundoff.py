@@ -33,7 +33,7 @@ from hippo_gpu.ppr import (
     stall_steps,
 )
 from hippo_gpu.ppr.rounding import certifiable_floor, output_rounding
-from hippo_gpu.results import QueryFailure
+from hippo_gpu.retrieval.results import QueryFailure
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 

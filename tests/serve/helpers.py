@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from hippo_gpu.entities import heuristic_entities
+from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.serve.server import ServerConfig, create_app
 from tests.loopback import serve_asgi
 

@@ -16,7 +16,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from hippo_gpu.config import RetrievalConfig  # noqa: E402
-from hippo_gpu.explanation import explanation_dict  # noqa: E402
+from hippo_gpu.retrieval.explanation import explanation_dict  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402
 from tests.helpers import QUERIES  # noqa: E402
 from tests.serve.helpers import serving  # noqa: E402

@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402
-from hippo_gpu.store import read_manifest  # noqa: E402
+from hippo_gpu.storage.directory import read_manifest  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.serve.helpers import Gate, serving  # noqa: E402
 
@@ -149,11 +149,11 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
                                                sample_searcher: Any) -> None:
     """`hippo-gpu mcp --llm SPEC` adds retrieve_ircot: the merged ranking and the thoughts of
     the offline batched loop fed the same scripted thoughts; its max_steps capped."""
-    from hippo_gpu.ircot import ircot_retrieve
     from hippo_gpu.llm.ircot import IRCoTReasoner
+    from hippo_gpu.retrieval.ircot import ircot_retrieve
     from tests.scripted_llm import fast_backend, scripted_llm
-    from tests.test_ircot import QUESTIONS as IRCOT_QUESTIONS
-    from tests.test_ircot import SCRIPT
+    from tests.retrieval.test_ircot import QUESTIONS as IRCOT_QUESTIONS
+    from tests.retrieval.test_ircot import SCRIPT
 
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with scripted_llm(SCRIPT) as (llm, spec):

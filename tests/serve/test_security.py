@@ -355,10 +355,10 @@ def test_files_written_get_the_umask_permissions(tmp_path: Path, searcher: Searc
                                                  umask: int) -> None:
     import numpy as np
 
-    from hippo_gpu.batch import retrieve_file
     from hippo_gpu.data import OpenIEDoc, Passage
     from hippo_gpu.embed.encoder import EmbeddingCache
-    from hippo_gpu.writer import IndexWriter
+    from hippo_gpu.retrieval.batch import retrieve_file
+    from hippo_gpu.versions.writer import IndexWriter
 
     files = paths()
     corpus = json.loads(Path(files["corpus"]).read_text())[:6]

@@ -31,7 +31,7 @@ httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 
 from hippo_gpu.config import MODES  # noqa: E402
-from hippo_gpu.entities import heuristic_entities  # noqa: E402
+from hippo_gpu.retrieval.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.config import QueryLimits  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig  # noqa: E402

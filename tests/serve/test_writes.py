@@ -19,7 +19,7 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
-from tests.diskfull import FullDisk  # noqa: E402
+from tests.storage.diskfull import FullDisk  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
 
 TOKEN = "writes-test-token"
@@ -155,7 +155,7 @@ def test_a_write_reads_the_index_at_most_once(setup, sample_searcher, monkeypatc
     """Each write request reads the index from disk at most once (the holder's one writer reads
     it on its first write, later writes build on the Index it committed), and the answers
     served after the writes equal a fresh build's."""
-    import hippo_gpu.versions as versions_module
+    import hippo_gpu.versions.load as versions_module
 
     holder, new, full, index_dir = setup
     reads: list[Path] = []
@@ -244,7 +244,7 @@ def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
     """The background compaction solves the basis and writes its base without the write lock:
     a write made meanwhile commits at once, stays in the chain after the new base (nothing
     lost), and a second compaction follows once writes pause again."""
-    import hippo_gpu.writer as writer_module
+    import hippo_gpu.versions.writer as writer_module
     from hippo_gpu.data import OpenIEDoc, Passage
 
     holder, new, full, index_dir = setup
@@ -284,7 +284,7 @@ def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
 
 
 def test_a_full_disk_answers_507_and_changes_nothing(setup) -> None:
-    """A write request on a full disk (tests/diskfull.py: every write under the index fails):
+    """A write request on a full disk (tests/storage/diskfull.py: every write under the index fails):
     507 naming the cause, the index files and the served version unchanged; the same request
     succeeds once there is space."""
     holder, new, full, index_dir = setup

@@ -1,0 +1,156 @@
+"""Same numbers on every device and batch: exact tie-breaking, fixed-order aggregation, explicit
+precision (issue 10). References are plain Python sorts and sums."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hippo_gpu.config import MODES
+from hippo_gpu.retrieval.ranking import ranks_of, topk_stable
+from hippo_gpu.retrieval.seeds import _segment_mean
+from tests.helpers import QUERIES
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _reference_topk(row: list[float], k: int) -> list[int]:
+    return sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_stable_takes_the_lowest_indices_among_ties_at_the_cut(device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        q, n = 1 + trial % 4, 1 + trial % 37
+        # few distinct values: ties everywhere, including at the k-th place
+        scores = torch.randint(0, 4, (q, n), generator=gen).float().to(device)
+        k = 1 + trial % (n + 2)
+        vals, idx = topk_stable(scores, k)
+        for r in range(q):
+            want = _reference_topk(scores[r].tolist(), k)
+            assert idx[r].tolist() == want, (scores[r].tolist(), k)
+            assert vals[r].tolist() == [scores[r, j].item() for j in want]
+
+
+def test_ranks_are_exact_integers() -> None:
+    scores = torch.tensor([[0.5, 0.7, 0.5, 0.1], [1.0, 1.0, 1.0, 1.0]])
+    r = ranks_of(scores)
+    assert r.dtype == torch.int64
+    assert r.tolist() == [[1, 0, 2, 3], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segment_mean_sums_in_input_order(device: str) -> None:
+    rnd = random.Random(1)
+    values = [rnd.uniform(-1, 1) * 10 ** rnd.randint(-8, 8) for _ in range(300)]
+    seg = [rnd.randrange(40) for _ in values]
+    got = _segment_mean(torch.tensor(values, dtype=torch.float32, device=device),
+                        torch.tensor(seg, device=device), 40).cpu()
+    for s in range(40):
+        acc, n = torch.tensor(0.0), 0
+        for v, g in zip(values, seg):
+            if g == s:  # float32 additions in input order, as the docstring promises
+                acc = torch.tensor(v, dtype=torch.float32) if n == 0 else \
+                    acc + torch.tensor(v, dtype=torch.float32)
+                n += 1
+        want = acc / max(n, 1) if n else torch.tensor(0.0)
+        assert got[s].item() == want.item(), s
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "hipporag1"])
+def test_rankings_do_not_depend_on_batch_order_or_size(sample_searcher, mode: str) -> None:
+    """float32: the same queries alone, batched, permuted and repeated give identical top-10."""
+    queries = QUERIES + [q.replace("?", "") for q in QUERIES] + ["lighthouse", "Alzheimer"]
+    alone = {q: sample_searcher.rank([q], top_k=10, mode=mode) for q in queries}
+    rnd = random.Random(7)
+    for batch in (2, 3, len(queries)):
+        order = queries[:]
+        rnd.shuffle(order)
+        for i in range(0, len(order), batch):
+            chunk = order[i:i + batch]
+            r = sample_searcher.rank(chunk, top_k=10, mode=mode)
+            for j, q in enumerate(chunk):
+                assert r.passage_rows[j].tolist() == alone[q].passage_rows[0].tolist(), (q, batch)
+    twice = sample_searcher.rank(queries, top_k=10, mode=mode)
+    again = sample_searcher.rank(queries, top_k=10, mode=mode)
+    assert torch.equal(twice.passage_rows, again.passage_rows)
+    assert torch.equal(twice.scores, again.scores)
+
+
+def test_precision_is_explicit_and_the_same_on_every_device(sample_index_dir) -> None:
+    from hippo_gpu import Searcher, load_index
+
+    default = load_index(sample_index_dir, device="cpu")
+    assert default.precision == "float32" and default.passage_emb.dtype == torch.float32
+    assert default.stats()["precision"] == "float32"
+    half = load_index(sample_index_dir, device="cpu", precision="float16")
+    assert half.precision == "float16"
+    assert {t.dtype for t in (half.passage_emb, half.phrase_emb, half.fact_emb)} == {torch.float16}
+    hits = Searcher(half).retrieve(QUERIES, top_k=5, mode="hipporag2")
+    assert [len(h) for h in hits] == [5] * len(QUERIES)
+    with pytest.raises(ValueError, match="precision"):
+        load_index(sample_index_dir, device="cpu", precision="float8")
+    if torch.cuda.is_available():
+        on_gpu = load_index(sample_index_dir, device="cuda")
+        assert on_gpu.precision == "float32" and on_gpu.passage_emb.dtype == torch.float32
+        cpu_rows = Searcher(default).rank(QUERIES, top_k=10).passage_rows
+        gpu_rows = Searcher(on_gpu).rank(QUERIES, top_k=10).passage_rows.cpu()
+        assert torch.equal(cpu_rows, gpu_rows)
+
+
+def test_exact_match_linking_only_with_an_uncased_encoder(sample_index, sample_searcher):
+    from hippo_gpu import Searcher
+    from hippo_gpu.config import RetrievalConfig
+
+    assert sample_searcher.encoder_is_uncased  # all-MiniLM-L6-v2 lower-cases its input
+
+    class CasedTokenizer:
+        def __call__(self, text: str) -> dict:
+            return {"input_ids": [ord(c) for c in text]}
+
+    class CountingEncoder:  # the real encoder behind a cased tokenizer, counting encodes
+        def __init__(self, real) -> None:
+            self.real, self.calls = real, []
+            self.model = type("M", (), {"tokenizer": CasedTokenizer()})()
+            self.dim = real.dim
+
+        def encode(self, texts, **kw):
+            self.calls.append(list(texts))
+            return self.real.encode(texts, **kw)
+
+    enc = CountingEncoder(sample_searcher.encoder)
+    cased = Searcher(sample_index, encoder=enc)
+    assert not cased.encoder_is_uncased
+    entity = sample_index.phrases[5].title()  # lower-cases to an indexed phrase
+    cased.entity_scores([[entity]], RetrievalConfig())
+    assert enc.calls == [[entity]]  # encoded, not linked by its text
+    enc.calls.clear()
+    uncased = Searcher(sample_index, encoder=enc)
+    uncased._uncased = True
+    uncased.entity_scores([[entity]], RetrievalConfig())
+    assert enc.calls == []  # the shortcut: no encoding
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "hipporag2"])
+def test_a_query_in_another_os_thread_gives_the_same_bits(sample_searcher, mode: str) -> None:
+    """torch's OpenMP thread count is per OS thread (device.set_threads): with one thread set,
+    a query answered in a fresh thread (as a server's workers answer) gives the very scores of
+    the main thread's, on a machine of any core count."""
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = sample_searcher.rank(QUERIES, top_k=10, mode=mode)
+        got: list = []
+        worker = threading.Thread(
+            target=lambda: got.append(sample_searcher.rank(QUERIES, top_k=10, mode=mode)))
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got[0].passage_rows, want.passage_rows)
+    assert torch.equal(got[0].scores, want.scores)
