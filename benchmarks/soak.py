@@ -438,7 +438,12 @@ def index_differences(got: Any, want: Any) -> dict[str, Any]:
     synonym pairs by name, the basis within its bounds) holding, `first_difference` its message
     if not; the rest are the figures behind it: counts equal, edges by name (how many, only on
     either side, the largest weight difference of the shared ones), synonym pairs likewise."""
-    from tests.versions.test_writer import assert_same_index, content_stats, edge_weights, synonym_pairs
+    from tests.versions.test_writer import (
+        assert_same_index,
+        content_stats,
+        edge_weights,
+        synonym_pairs,
+    )
 
     try:
         assert_same_index(got, want)

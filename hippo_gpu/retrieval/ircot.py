@@ -20,8 +20,9 @@ step: at step s the still-active questions' thoughts come from ONE call of the t
 (the LLM layer sends them concurrently, through its cache and retries: hippo_gpu.llm.ircot), and
 the thoughts that go on are answered by ONE batched retrieval. Nothing of one question reaches
 another: its merge reads only its own rankings, and a `Searcher` ranks each query of a batch as
-it ranks it alone (tests/retrieval/test_determinism.py), so the batched loop gives every question what the
-one-at-a-time loop (`ircot_one_at_a_time`) gives it with the same thoughts (tests/retrieval/test_ircot.py).
+it ranks it alone (tests/retrieval/test_determinism.py), so the batched loop gives every question
+what the one-at-a-time loop (`ircot_one_at_a_time`) gives it with the same thoughts
+(tests/retrieval/test_ircot.py).
 
 Robustness. A thought that failed (the LLM call failed after its retries, or the reply was
 unusable) ends that question's loop with the passages it has: `stop` "thought_failed" and

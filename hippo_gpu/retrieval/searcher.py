@@ -18,8 +18,8 @@ exact top-k (`fact_topk`); passage scores, seeds, PPR, fusion and the final top-
 of query columns, each chunk seeing only its [c, P] scores and [N, c] seeds. Chunks change no
 result: each query's numbers come from the same float operations in the same order whatever
 its chunk (hippo_gpu.retrieval.blockwise: padded GEMM panels, aligned row blocks; the PPR kernel
-solves each column alone), tested bit for bit against one chunk in tests/retrieval/test_chunked_search.py. An
-index that fits the budget runs as one chunk.
+solves each column alone), tested bit for bit against one chunk in
+tests/retrieval/test_chunked_search.py. An index that fits the budget runs as one chunk.
 
 Modes:
     hipporag2  official HippoRAG 2 (main@c617143) retrieval, step by step (parity mode)

@@ -31,6 +31,7 @@ pytest.importorskip("fastapi")
 
 from hippo_gpu.config import MODES  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
+from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 from tests.serve.helpers import (  # noqa: E402
     assert_no_leak,
@@ -38,7 +39,6 @@ from tests.serve.helpers import (  # noqa: E402
     entity_variants,
     offline_hits,
 )
-from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray Serve deployment of two replicas: ~1.5 min on 2 cores
 

@@ -12,9 +12,9 @@ from hippo_gpu.integrations import PassageClient  # noqa: E402
 from hippo_gpu.llm.ircot import IRCoTReasoner  # noqa: E402
 from hippo_gpu.retrieval.ircot import ircot_retrieve  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
 from tests.retrieval.test_ircot_interfaces import serving  # noqa: E402
+from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

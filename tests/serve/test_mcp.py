@@ -151,9 +151,9 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
     the offline batched loop fed the same scripted thoughts; its max_steps capped."""
     from hippo_gpu.llm.ircot import IRCoTReasoner
     from hippo_gpu.retrieval.ircot import ircot_retrieve
-    from tests.scripted_llm import fast_backend, scripted_llm
     from tests.retrieval.test_ircot import QUESTIONS as IRCOT_QUESTIONS
     from tests.retrieval.test_ircot import SCRIPT
+    from tests.scripted_llm import fast_backend, scripted_llm
 
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with scripted_llm(SCRIPT) as (llm, spec):

@@ -19,8 +19,8 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
-from tests.storage.diskfull import FullDisk  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
+from tests.storage.diskfull import FullDisk  # noqa: E402
 
 TOKEN = "writes-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -284,8 +284,8 @@ def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
 
 
 def test_a_full_disk_answers_507_and_changes_nothing(setup) -> None:
-    """A write request on a full disk (tests/storage/diskfull.py: every write under the index fails):
-    507 naming the cause, the index files and the served version unchanged; the same request
+    """A write request on a full disk (tests/storage/diskfull.py: every write under the index
+    fails): 507 naming the cause, the index files and the served version unchanged; the same request
     succeeds once there is space."""
     holder, new, full, index_dir = setup
 
