@@ -21,6 +21,8 @@ benchmarks/bench_node_loss.py runs the same drill at 10k queries.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +55,7 @@ from tests.llm.test_faults import FaultServer, backend, corpus  # noqa: E402
 pytestmark = pytest.mark.slow  # a multi-node cluster started and a node killed: ~3 min on 2 cores
 
 WORKERS, CPUS = 2, 3  # worker nodes and their CPUs: room on one for everything (2.5 CPUs)
-QUERY_ROWS, PART_SIZE = 1600, 40
+QUERY_ROWS, PART_SIZE = 4000, 40  # retrieve lasts ~25 s: past the first shard
 PASSAGES, SHARD_SIZE = 64, 8
 
 
@@ -88,14 +90,27 @@ def drill(hash_index: Path,
     work = tmp_path_factory.mktemp("drill")
     (work / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in query_rows(QUERY_ROWS)))
     (work / "corpus.json").write_text(json.dumps(corpus(PASSAGES)))
-    # Slow answers until the node is lost: extract (64 passages) must still be running when
-    # retrieve has committed 3 parts, which took anywhere from 10 s to 30 s on this machine;
-    # once the node is gone the rest goes fast.
-    llms = FaultServer(delay=1.0), FaultServer(delay=1.0)
+    # The drill needs all three jobs running at once when it kills the node, with retrieve past
+    # 3 parts and extract past its first shard. So the LLM answers fast until that shard is
+    # committable (40 requests over both servers: 2 shards of 8 passages, 2 calls each, and
+    # some to spare), slowly (1 s) from then until the node is lost, and fast again after.
+    # Either order of extract and retrieve used to end one of them first (CI, twice).
+    llms = FaultServer(delay=0.05), FaultServer(delay=0.05)
+    killed = threading.Event()
+
+    def slow_after_first_shard() -> None:
+        while not killed.is_set():
+            if sum(s.total for s in llms) >= 40:
+                for s in llms:
+                    s.delay = 1.0
+                return
+            time.sleep(0.01)
 
     def speed_up() -> None:
+        killed.set()
         for s in llms:
             s.delay = 0.05
+    threading.Thread(target=slow_after_first_shard, daemon=True).start()
     try:
         with local_cluster(WORKERS, CPUS) as cluster:
             done = node_loss_drill(cluster, hash_index, work / "q.jsonl", work / "corpus.json",
