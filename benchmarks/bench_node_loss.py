@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> None:
             node_loss_drill,
             query_rows,
         )
-        from tests.llm.test_faults import FaultServer, corpus
+        from tests.llm.fake_llm_server import FaultServer, corpus
     except ImportError as e:
         skip(f"needs Ray (data, serve) and the tests folder of a checkout: {e}")
     from hippo_gpu import build_index

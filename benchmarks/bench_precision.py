@@ -8,9 +8,10 @@ agreement with float32 (same rows in the same order, and same set) and ms/query 
 (queries already encoded: the encoder is the same for every P; median of --repeats calls after a
 warm-up).
 
-Part 2, bfloat16 query encoding and batch size. ``Searcher(index, query_precision=QP,
-query_batch_size=B)`` ranks the questions B at a time (B queries per rank call and per encoder
-batch, as a server's micro-batch), for B in --batches (1, 32, 100); a question is batch
+Part 2, bfloat16 query encoding and batch size. A searcher with
+``SearcherOptions(query_precision=QP, query_batch_size=B)`` ranks the questions B at a time (B
+queries per rank call and per encoder batch, as a server's micro-batch), for B in --batches (1,
+32, 100); a question is batch
 dependent when its top-10 (rows, order) at B differs from its top-10 at B = 1. bfloat16 autocast
 rounds differently when padding changes the shapes; float32 (QP = float32) is the control and
 must show no batch dependence (exit 1 otherwise, after the line is written).
@@ -76,6 +77,7 @@ import torch  # noqa: E402
 from hippo_gpu.data import read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
 from hippo_gpu.indexing.index import Index  # noqa: E402
+from hippo_gpu.retrieval.options import SearcherOptions  # noqa: E402
 from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
 
@@ -146,7 +148,8 @@ def main(args: argparse.Namespace) -> int:
     part2: list[dict] = []
     for qp in query_precisions:
         for b in batches:
-            searcher = Searcher(indexes["float32"], query_precision=qp, query_batch_size=b)
+            searcher = Searcher(indexes["float32"], options=SearcherOptions(
+                query_precision=qp, query_batch_size=b))
             searcher.encoder.encode_queries(texts[:1], "query_to_passage")  # load outside timing
             for mode in modes:
                 start = time.perf_counter()

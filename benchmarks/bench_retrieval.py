@@ -127,6 +127,7 @@ import torch  # noqa: E402
 from hippo_gpu.data import Question, read_questions  # noqa: E402
 from hippo_gpu.evaluate import recall_at_k  # noqa: E402
 from hippo_gpu.indexing.index import Index  # noqa: E402
+from hippo_gpu.retrieval.options import SearcherOptions  # noqa: E402
 from hippo_gpu.retrieval.results import Ranking  # noqa: E402
 from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
@@ -300,7 +301,8 @@ class UpstreamBaseline:
 
 def make_searcher(index: Index, batch_size: int | None, precision: str | None) -> Searcher:
     """A searcher with its query encoder's batch size / precision overridden (same tensors)."""
-    return Searcher(index, query_precision=precision, query_batch_size=batch_size)
+    return Searcher(index, options=SearcherOptions(query_precision=precision,
+                                                   query_batch_size=batch_size))
 
 
 def _recall(keys: list[list[str]], gold: list[set[str]]) -> dict[str, float]:
@@ -472,8 +474,7 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
         data, args.index_dir, cache_dir=Path(args.cache_dir) if args.cache_dir else EMBEDDING_CACHE)
     load_s = time.perf_counter() - start
     # ours at --precision on --device; the baseline reads the float32 CPU embeddings
-    index = cpu_index.to(args.device, args.precision) \
-        if args.device != "cpu" or args.precision != cpu_index.precision else cpu_index
+    index = cpu_index.to(args.device, args.precision)
     base_index = index
     searcher = make_searcher(index, args.query_batch_size, args.query_precision)
     start = time.perf_counter()

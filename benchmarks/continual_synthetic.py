@@ -19,7 +19,7 @@ On hippo_gpu.synthetic's corpus of N + changes passages (musique_train's OpenIE 
 (f) the result against a fresh build of the final corpus, by what a user sees
     (benchmarks/soak.py's `index_differences` and `ranking_differences`): counts, edges and
     weights and synonym pairs by name (phrase text, passage key: never a row number), with
-    tests/versions/test_writer.py's full comparison (`equal`, its first difference if not), and the
+    tests/versions/index_checks.py's full comparison (`equal`, its first difference if not), and the
     hipporag2 top-10 of the 32 queries up to certified ties (positions that differ, and
     differences beyond the two solves' L1 bounds: must be 0). Equality needs an exact synonym
     kNN (`--exact-synonyms`): the default CPU backend at these sizes is the approximate

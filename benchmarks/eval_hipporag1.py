@@ -61,12 +61,13 @@ if ARGS is not None:
 
 import torch  # noqa: E402
 
-from hippo_gpu import Searcher, build_index  # noqa: E402
+from hippo_gpu import Searcher, SearcherOptions, build_index  # noqa: E402
 from hippo_gpu.config import RetrievalConfig  # noqa: E402
 from hippo_gpu.data import as_passages, read_openie, read_questions  # noqa: E402
 from hippo_gpu.evaluate import evaluate_mode, recall_at_k  # noqa: E402
 from hippo_gpu.retrieval import hipporag1 as v1  # noqa: E402
 from hippo_gpu.retrieval.entities import heuristic_entities  # noqa: E402
+from hippo_gpu.retrieval.solvers import build_solver  # noqa: E402
 from hippo_gpu.sample import paths as sample_paths  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def _rank_v1(searcher: Searcher, graph: v1.V1Graph, entities: list[list[str]],
     index = searcher.index
     texts, owner = v1.flatten_entities(entities)
     rows = v1.link_entities(searcher.encoder.encode(texts), index.phrase_emb)
-    scores, _, _ = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
+    scores, _, _ = v1.passage_scores(graph, build_solver(graph.adjacency, cfg.ppr), rows,
                                   torch.tensor(owner, dtype=torch.int64), len(entities))
     p = scores.shape[1]
     # lexicographic sort: row order (asc, or desc for v1), then score desc, stably
@@ -104,12 +105,12 @@ def main(args: argparse.Namespace) -> int:
     ents = heuristic_entities([q.question for q in questions])
     gold = [{p.key for p in q.gold} for q in questions]
     cfg = RetrievalConfig()
-    searcher = Searcher(index, cache_dir=cache)
+    searcher = Searcher(index, options=SearcherOptions(cache_dir=cache))
 
     rows: dict[str, dict[str, float]] = {}
     res = evaluate_mode(searcher, questions, "hipporag1", query_entities=ents)
     rows["musique searcher (derived D)"] = _recall(res.recall)
-    graph = searcher._hipporag1  # noqa: SLF001  the searcher's own v1 structures, for provenance
+    graph = searcher.entities.v1_graph  # the searcher's own v1 structures, for provenance
     assert graph is not None
 
     docs, _ = read_openie(openie, as_passages(data / "corpus.json"))
@@ -125,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     s_index = build_index(files["corpus"], files["openie"], None, device="cpu", cache_dir=cache)
     s_questions = read_questions(files["questions"])
     s_ents = heuristic_entities([q.question for q in s_questions])
-    s_searcher = Searcher(s_index, cache_dir=cache)
+    s_searcher = Searcher(s_index, options=SearcherOptions(cache_dir=cache))
     s_res = evaluate_mode(s_searcher, s_questions, "hipporag1", query_entities=s_ents)
     rows["sample searcher (derived D)"] = _recall(s_res.recall)
     s_docs, _ = read_openie(files["openie"], as_passages(files["corpus"]))

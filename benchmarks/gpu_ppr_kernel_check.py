@@ -90,8 +90,8 @@ def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step
     matrix, d = transition.matrix, transition.damping
     ref64 = None
     if n <= 50_000:  # float64 CPU reference of the whole batch
-        ref64 = ppr.ppr_chebyshev(ppr.build_transition(adjacency, dtype=torch.float64),
-                                  reset, tol=1e-12).scores
+        ref64 = ppr.ppr_solve(ppr.build_transition(adjacency, dtype=torch.float64),
+                              reset, tol=1e-12).scores
     for q in batch_sizes:
         r_hat = (reset[:, :q] / reset[:, :q].sum(0)).to(DEVICE, torch.float32)
         base = r_hat * (1 - d)
@@ -122,9 +122,9 @@ def check_graph(ppr, name, adjacency, reset, batch_sizes, bandwidth, triton_step
         # full certified solves (float32, default tol) with each step function
         solves = {}
         for label, fn in (("cusparse", None), ("triton", triton_step(matrix, d))):
-            result = ppr.ppr_chebyshev(transition, r_hat, normalised=True, step=fn)
+            result = ppr.ppr_solve(transition, r_hat, normalised=True, step=fn)
             _sync()
-            seconds = time_call(lambda fn=fn, r_hat=r_hat: ppr.ppr_chebyshev(
+            seconds = time_call(lambda fn=fn, r_hat=r_hat: ppr.ppr_solve(
                 transition, r_hat, normalised=True, step=fn), device=DEVICE, warmup=0,
                 repeats=3, events=True).median
             solves[label] = result

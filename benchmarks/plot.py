@@ -452,7 +452,6 @@ def plot_server(plt: Any, rows: list[dict[str, Any]], out: Path, skipped: dict[s
 # ---------------------------------------------------------------------------------------------
 
 
-
 def plot_scale(plt: Any, rows: list[dict[str, Any]], out: Path) -> str:
     """bench_scale.jsonl -> ms/query (hipporag2, dense at each Q) and peak RSS vs passages.
 

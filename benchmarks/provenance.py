@@ -21,7 +21,7 @@ library versions. The fields, all always present (null when unknown or not appli
     device           where the measured work ran ("cpu", "cuda", "cuda:1", "cpu,cuda")
     precision        index embedding precision (Index.precision; "float32" unless asked), or a
                      list when the benchmark compares several
-    query_precision  query encoder precision (Searcher(query_precision=...)); null where no
+    query_precision  query encoder precision (SearcherOptions.query_precision); null where no
                      query is encoded
     batch_sizes      named batch sizes, e.g. {"query_batch": [1, 16, 100],
                      "encoder_query_batch_size": 16, "encoder_batch_size": 64}: "query_batch" is

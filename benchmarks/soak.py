@@ -21,7 +21,7 @@ What benchmarks/bench_soak.py measures and tests/serve/test_soak.py asserts, in 
 * the final version against a fresh build of the final corpus, by what a user sees (bench_soak,
   tests/serve/test_soak.py and benchmarks/continual_synthetic.py use them): `index_differences`
   (counts, edges and weights by name — phrase text or passage key, never a row number — synonym
-  pairs by name, through tests/versions/test_writer.py's comparison) and `ranking_differences` (two
+  pairs by name, through tests/versions/index_checks.py's comparison) and `ranking_differences` (two
   rankings of the same query up to certified ties: how many positions differ, and how many
   differences no pair of solutions within their bounds can explain, which must be 0).
 
@@ -433,12 +433,12 @@ def rss_summary(log: SoakLog, end_mb: float) -> dict[str, float]:
 
 
 def index_differences(got: Any, want: Any) -> dict[str, Any]:
-    """Two indexes compared by name (module docstring): `equal` is tests/versions/test_writer.py's
+    """Two indexes compared by name (module docstring): `equal` is tests/versions/index_checks.py's
     assert_same_index (passages in order, phrases, facts, counts, vectors, edges and weights and
     synonym pairs by name, the basis within its bounds) holding, `first_difference` its message
     if not; the rest are the figures behind it: counts equal, edges by name (how many, only on
     either side, the largest weight difference of the shared ones), synonym pairs likewise."""
-    from tests.versions.test_writer import (
+    from tests.versions.index_checks import (
         assert_same_index,
         content_stats,
         edge_weights,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from hippo_gpu.indexing.build import build_index
     from hippo_gpu.indexing.index import Index
     from hippo_gpu.retrieval.explanation import HitExplanation, QueryExplanation
+    from hippo_gpu.retrieval.options import SearcherOptions
     from hippo_gpu.retrieval.results import Hit, Ranking
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
@@ -46,6 +47,7 @@ _SOURCES = {
     "Ranking": "hippo_gpu.retrieval.results",
     "RetrievalConfig": "hippo_gpu.config",
     "Searcher": "hippo_gpu.retrieval.searcher",
+    "SearcherOptions": "hippo_gpu.retrieval.options",
     "SearcherSpec": "hippo_gpu.retrieval.spec",
     "build_index": "hippo_gpu.indexing.build",
     "load_index": "hippo_gpu.versions.load",
@@ -64,6 +66,7 @@ __all__ = [
     "Ranking",
     "RetrievalConfig",
     "Searcher",
+    "SearcherOptions",
     "SearcherSpec",
     "__version__",
     "build_index",

@@ -291,6 +291,36 @@ def solver_method(method: str) -> str:
 
 
 @dataclass(frozen=True)
+class PPRSettings:
+    """What a PPRSolver is built with (hippo_gpu.ppr.PPRSolver's arguments of the same names):
+    one frozen value, so that it is also the key of the solvers a Searcher keeps
+    (hippo_gpu.retrieval.solvers). `RetrievalConfig.ppr` derives it from the query settings.
+
+    damping: probability of following an edge.
+    dtype: the solve's float type (PPR_DTYPES).
+    tol: L1 error bound per column (None: the solver's default for the dtype).
+    method: a PPRSolver method (SOLVER_METHODS).
+    max_iter: step cap per solve.
+    """
+
+    damping: float = 0.5
+    dtype: str = "float32"
+    tol: float | None = None
+    method: str = "auto"
+    max_iter: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.dtype not in PPR_DTYPES:
+            raise ValueError(f"dtype must be one of {PPR_DTYPES}, got {self.dtype!r}")
+        check_ppr_method(self.method, solver=True)
+
+    def exact(self) -> PPRSettings:
+        """float64 Chebyshev at this damping with the solver's default tolerance and step cap:
+        the settings of explain's own columns (hippo_gpu.retrieval.explain)."""
+        return PPRSettings(damping=self.damping, dtype="float64", method="chebyshev")
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     """Query-time settings; defaults reproduce official HippoRAG 2 (main@c617143).
 
@@ -324,7 +354,7 @@ class RetrievalConfig:
         query path never holds a [Q, F] query-fact or a [Q, P] / [N, Q] query-passage/node
         matrix whole once it outgrows this: fact scores are taken in fact-row blocks with a
         running exact top-k, and passage scores, seeds, PPR and fusion run over query-column
-        chunks, both sized from this budget (hippo_gpu.retrieval.searcher.plan_chunks). Results do
+        chunks, both sized from this budget (hippo_gpu.retrieval.seeds.plan_chunks). Results do
         not depend on it; an index small enough for the budget runs as one chunk. Smaller chunks
         cost time (fewer columns per PPR solve); benchmarks/bench_query_memory.py measures both.
     """
@@ -365,6 +395,13 @@ class RetrievalConfig:
                              f"got {self.hybrid_entity_weight}")
         if not 0.0 <= self.hybrid_weight <= 1.0:
             raise ValueError(f"hybrid_weight must be in [0, 1], got {self.hybrid_weight}")
+
+    @property
+    def ppr(self) -> PPRSettings:
+        """The PPR solver settings of these query settings (``ppr_method`` "basis_push" iterates
+        with "auto" where the push does not apply: solver_method)."""
+        return PPRSettings(damping=self.damping, dtype=self.dtype, tol=self.ppr_tol,
+                           method=solver_method(self.ppr_method), max_iter=self.ppr_max_iter)
 
 
 def cache_root() -> Path:

@@ -1,13 +1,18 @@
-"""Retrieval evaluation: Recall@k per mode, queries/s and time per stage, one-step or IRCoT.
+"""Evaluation: Recall@k per mode, queries/s and stage times (one-step or IRCoT); EM/F1 of answers.
 
 Recall@k of a query = |top-k passages ∩ gold passages| / |gold passages|, averaged over queries
 (HippoRAG's retrieval_eval). Passages are matched by chunk key (md5 of title + "\\n" + text).
 IRCoT (`evaluate_ircot`) scores the merged list of each question (hippo_gpu.retrieval.ircot).
+Answers (`hippo-gpu qa`, hippo_gpu.llm.qa) are scored by SQuAD's exact match and token F1
+(`qa_metrics`).
 """
 
 from __future__ import annotations
 
+import re
+import string
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -165,3 +170,45 @@ def evaluate_ircot(
         stage_s=report.stage_seconds, seconds=seconds,
         questions_per_s=n / seconds if seconds > 0 else float("inf"), ranked_keys=ranked,
         thoughts=[r.thoughts for r in report.results])
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1(prediction: str, gold: str) -> float:
+    """Token-level F1 of normalised strings: 2PR / (P + R) over the multiset overlap."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = Counter(pred) & Counter(ref)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred), overlap / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qa_metrics(
+    predictions: Sequence[str], gold_answers: Sequence[Sequence[str]]
+) -> dict[str, float]:
+    """Mean EM and F1 over questions, each the max over the gold answer and its aliases.
+
+    Returns:
+        {"em": ..., "f1": ..., "n": Q} with em and f1 in [0, 1].
+    """
+    if len(predictions) != len(gold_answers):
+        raise ValueError(f"{len(predictions)} predictions but {len(gold_answers)} gold lists")
+    if not predictions:
+        return {"em": 0.0, "f1": 0.0, "n": 0}
+    em = [max((exact_match(p, g) for g in golds), default=0.0)
+          for p, golds in zip(predictions, gold_answers)]
+    f = [max((f1(p, g) for g in golds), default=0.0) for p, golds in zip(predictions, gold_answers)]
+    n = len(predictions)
+    return {"em": sum(em) / n, "f1": sum(f) / n, "n": n}

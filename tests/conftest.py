@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,31 +11,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.helpers import MUSIQUE, musique_or_skip  # noqa: F401 (fixtures use them)
+from tests.helpers import MUSIQUE, musique_or_skip, threads  # noqa: F401 (fixtures use them)
 
 
-@contextmanager
-def _every_core() -> Iterator[None]:
+def _every_core() -> contextlib.AbstractContextManager[None]:
     """A session build runs on every core (torch and faiss: musique's synonym kNN is faiss-flat),
     then the thread counts the tests had come back (a CLI test's --threads 1 sets both for the
     rest of the session: the cold-cache musique build then took ~20 min on one core)."""
-    import torch
-
-    try:
-        import faiss
-    except ImportError:  # an optional extra: then the exact torch backend runs the kNN
-        faiss = None
-    before = torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else 0
-    every = os.cpu_count() or 1
-    torch.set_num_threads(every)
-    if faiss:
-        faiss.omp_set_num_threads(every)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before[0])
-        if faiss:
-            faiss.omp_set_num_threads(before[1])
+    return threads(os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +46,28 @@ def sample_searcher(sample_index):
     from hippo_gpu import Searcher
 
     return Searcher(sample_index)
+
+
+@pytest.fixture(scope="session")
+def sample_hash_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled sample indexed once per session with the weightless hash:64 encoder: a child
+    process (a CLI run, a Ray replica) opens it without importing sentence-transformers, ~5 s
+    less per process on 2 cores. For the claims about processes and distribution, where which
+    encoder embeds the texts does not matter."""
+    from hippo_gpu import build_index
+    from hippo_gpu.sample import paths
+
+    out = tmp_path_factory.mktemp("sample_hash") / "index"
+    files = paths()
+    build_index(files["corpus"], files["openie"], out, encoder="hash:64", device="cpu")
+    return out
+
+
+@pytest.fixture(scope="session")
+def sample_hash_searcher(sample_hash_index_dir: Path):
+    from hippo_gpu import Searcher, load_index
+
+    return Searcher(load_index(sample_hash_index_dir, device="cpu"))
 
 
 @pytest.fixture(scope="session")

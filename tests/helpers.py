@@ -1,10 +1,12 @@
 """What several test files share: the repository root, the data folders, sample queries, and the
 rule for a missing prerequisite (skip locally, fail under CI), the comparison of two passage
-bases. Fixtures live in conftest.py."""
+bases, thread pools of a given size. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,26 @@ QUERIES = [
 ]
 
 
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """torch and faiss thread pools of `n` threads, restored afterwards (faiss where the optional
+    extra is installed)."""
+    try:
+        import faiss
+    except ImportError:  # an optional extra: then the exact torch backend runs the kNN
+        faiss = None
+    before = torch.get_num_threads(), faiss.omp_get_max_threads() if faiss else 0
+    torch.set_num_threads(n)
+    if faiss:
+        faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        if faiss:
+            faiss.omp_set_num_threads(before[1])
+
+
 def missing_in_ci(what: str) -> None:
     """A missing prerequisite: skip locally, but fail under CI (CI=true), naming it, so a CI run
     without the data can never pass by skipping the tests that need it."""
@@ -35,7 +57,6 @@ def musique_or_skip() -> Path:
         missing_in_ci(f"musique_train data not found at {MUSIQUE} (set HIPPO_DATA_DIR to the "
                       "folder holding musique_train/)")
     return MUSIQUE
-
 
 
 def transition_gap(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -21,11 +21,14 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import console, setup
+from hippo_gpu.config import MODES as ALL_MODES
 
 if TYPE_CHECKING:
     from hippo_gpu.indexing.index import Index
 
-MODES = ("dense", "hipporag2", "hybrid", "hipporag1")
+# config.MODES shown baseline first (dense, which the summary compares every other mode with)
+# and the legacy mode last: dense, hipporag2, hybrid, hipporag1
+MODES = tuple(sorted(ALL_MODES, key=lambda m: (m != "dense", m == "hipporag1")))
 DEEP_K = 10  # the second, deeper cut the summary also reports
 
 

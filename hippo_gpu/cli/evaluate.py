@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,8 @@ from hippo_gpu.config import ENTITY_MODES, MODES, EncoderConfig, RetrievalConfig
 
 if TYPE_CHECKING:
     from hippo_gpu.data import Question
-    from hippo_gpu.evaluate import IRCoTModeResult
+    from hippo_gpu.evaluate import IRCoTModeResult, ModeResult
+    from hippo_gpu.llm.filter import RecognitionMemoryFilter
     from hippo_gpu.llm.ircot import IRCoTReasoner
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
@@ -111,25 +113,67 @@ def eval_cmd(
 ) -> None:
     """Recall@k, queries/s and time per stage for each retrieval mode (--ircot: and in the
     IRCoT loop)."""
-    import torch
+    _evaluate(EvalOptions(
+        data=data, openie=openie, modes=modes, top_k=top_k, threads=threads, device=device,
+        encoder=encoder, index_dir=index_dir, dtype=dtype, precision=precision,
+        query_precision=query_precision, query_backend=query_backend, query_ner=query_ner,
+        llm=llm, use_filter=use_filter, json_out=json_out, per_query=per_query,
+        questions_limit=questions_limit, ircot=ircot, max_steps=max_steps,
+        ircot_prompt=ircot_prompt, dataset=dataset, ircot_passages=ircot_passages,
+        llm_cache=llm_cache))
 
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What `hippo-gpu eval` was asked, one field per option (the command's help says each)."""
+
+    data: Path
+    openie: Path | None
+    modes: str  # a comma list of MODES
+    top_k: int
+    threads: int | None
+    device: str
+    encoder: str
+    index_dir: Path | None
+    dtype: str
+    precision: str
+    query_precision: str | None
+    query_backend: str
+    query_ner: Path | None
+    llm: str | None
+    use_filter: bool
+    json_out: Path | None
+    per_query: Path | None
+    questions_limit: int | None
+    ircot: bool
+    max_steps: int
+    ircot_prompt: Path | None
+    dataset: str | None
+    ircot_passages: int | None
+    llm_cache: Path | None
+
+
+def _evaluate(o: EvalOptions) -> None:
+    """Open (or build) the index, evaluate each mode (and in the IRCoT loop), print the tables
+    and write what --json and --per-query ask for."""
     from hippo_gpu.data import read_questions
-    from hippo_gpu.evaluate import evaluate_mode
+    from hippo_gpu.retrieval.options import SearcherOptions
     from hippo_gpu.retrieval.spec import SearcherSpec
 
-    n = setup(threads)
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    n = setup(o.threads)
+    mode_list = [m.strip() for m in o.modes.split(",") if m.strip()]
     for m in mode_list:
         if m not in MODES:
             fail(f"unknown mode {m!r}; choose from {MODES}")
-    openie = openie or _find_openie(data)
-    questions = read_questions(data / "questions.json")[:questions_limit]
-    corpus = data / "corpus.json"
-    cfg = RetrievalConfig(dtype=dtype)
+    openie = o.openie or _find_openie(o.data)
+    questions = read_questions(o.data / "questions.json")[:o.questions_limit]
+    corpus = o.data / "corpus.json"
+    cfg = RetrievalConfig(dtype=o.dtype)
     try:
-        spec = SearcherSpec(_index_dir(corpus, openie, index_dir, encoder), device=device,
-                            precision=precision, query_precision=query_precision,
-                            query_backend=query_backend, config=cfg, encoder_model=encoder)
+        spec = SearcherSpec(_index_dir(corpus, openie, o.index_dir, o.encoder), device=o.device,
+                            precision=o.precision, config=cfg, encoder_model=o.encoder,
+                            options=SearcherOptions(query_precision=o.query_precision,
+                                                    query_backend=o.query_backend))
         searcher, built = _open_or_build(spec, corpus, openie)
     except ValueError as e:
         fail(str(e))
@@ -138,41 +182,59 @@ def eval_cmd(
                   f"device {idx.device}, precision {idx.precision}, {n} threads")
     entities, entity_source = None, "capitalised spans"
     if set(ENTITY_MODES) & set(mode_list):
-        entities, entity_source = _query_entities(questions, query_ner, llm)
+        entities, entity_source = _query_entities(questions, o.query_ner, o.llm)
         console.print(f"query entities (hipporag1, hybrid): {entity_source}")
     reasoner = None
-    if ircot:
-        check_max_steps(max_steps)
-        if llm is None:
+    if o.ircot:
+        check_max_steps(o.max_steps)
+        if o.llm is None:
             fail("--ircot needs --llm SPEC (the LLM that writes the thoughts)")
-        cache = llm_cache or where.with_name(where.name + ".llm-cache.sqlite")
-        reasoner = make_reasoner(llm, cache, dataset=dataset or data.name, prompt_file=ircot_prompt,
-                                 max_passages=ircot_passages)
+        cache = o.llm_cache or where.with_name(where.name + ".llm-cache.sqlite")
+        reasoner = make_reasoner(o.llm, cache, dataset=o.dataset or o.data.name,
+                                 prompt_file=o.ircot_prompt, max_passages=o.ircot_passages)
     fact_filter = None
-    if use_filter:
-        if llm is None:
+    if o.use_filter:
+        if o.llm is None:
             fail("--filter needs --llm SPEC")
         from hippo_gpu.llm.filter import RecognitionMemoryFilter
 
-        fact_filter = RecognitionMemoryFilter(llm)  # owns (and closes) its backend
-    results = {}
-    ircot_results: dict[str, IRCoTModeResult] = {}
+        fact_filter = RecognitionMemoryFilter(o.llm)  # owns (and closes) its backend
     try:
-        for m in mode_list:
-            results[m] = evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
-                                       fact_filter=fact_filter if m == "hipporag2" else None,
-                                       query_entities=entities if m in ENTITY_MODES else None)
-        if reasoner is not None:
-            ircot_results = _eval_ircot(searcher, questions, mode_list, reasoner,
-                                        max_steps=max_steps, top_k=top_k, cfg=cfg,
-                                        fact_filter=fact_filter, entities=entities)
+        results = _eval_modes(searcher, questions, mode_list, o.top_k, cfg,
+                              fact_filter=fact_filter, entities=entities)
+        ircot_results = {} if reasoner is None else _eval_ircot(
+            searcher, questions, mode_list, reasoner, max_steps=o.max_steps, top_k=o.top_k,
+            cfg=cfg, fact_filter=fact_filter, entities=entities)
     finally:
         if fact_filter is not None:
             fact_filter.close()
         if reasoner is not None:
             reasoner.close()
+    ks = _print_results(results, o.data.name, len(questions))
+    if reasoner is not None:
+        _print_ircot(ircot_results, ks, o.data.name, len(questions), reasoner)
+    if o.json_out:
+        _write_json(o, o.json_out, searcher, results, ircot_results, reasoner, threads=n,
+                    entity_source=entity_source, n_questions=len(questions))
+    if o.per_query:
+        _write_per_query(o.per_query, questions, results, ircot_results)
+
+
+def _eval_modes(searcher: Searcher, questions: list[Question], mode_list: list[str], top_k: int,
+                cfg: RetrievalConfig, *, fact_filter: RecognitionMemoryFilter | None,
+                entities: list[list[str]] | None) -> dict[str, ModeResult]:
+    from hippo_gpu.evaluate import evaluate_mode
+
+    return {m: evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
+                             fact_filter=fact_filter if m == "hipporag2" else None,
+                             query_entities=entities if m in ENTITY_MODES else None)
+            for m in mode_list}
+
+
+def _print_results(results: dict[str, ModeResult], data_name: str, n: int) -> list[str]:
+    """The Recall@k table and each mode's stage times; returns the k's (as recall's keys)."""
     ks = list(next(iter(results.values())).recall) if results else []
-    table = Table(title=f"Recall@k (%) on {data.name}, {len(questions)} questions")
+    table = Table(title=f"Recall@k (%) on {data_name}, {n} questions")
     table.add_column("mode")
     for k in ks:
         table.add_column(f"R@{k}", justify="right")
@@ -188,27 +250,37 @@ def eval_cmd(
     console.print(table)
     for m, r in results.items():
         console.print(f"{m} stages (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r.stage_s.items()))
-    if reasoner is not None:
-        _print_ircot(ircot_results, ks, data.name, len(questions), reasoner)
-    if json_out:
-        payload = {"modes": {m: r.as_dict() for m, r in results.items()},
-                   **({"ircot": {m: r.as_dict() for m, r in ircot_results.items()},
-                       "ircot_llm": {"spec": llm, **reasoner_counts(reasoner)}}
-                      if reasoner is not None else {}),
-                   "n_questions": len(questions), "index": idx.stats(), "threads": n,
-                   "device": str(idx.device), "precision": idx.precision,
-                   "query_precision": searcher.encoder_config.precision,
-                   "query_backend": searcher.encoder.backend,
-                   "ppr_dtype": dtype, "entities": entity_source, "torch": torch.__version__}
-        json_out.write_text(json.dumps(payload, indent=2))
-    if per_query:
-        dump = [{"id": q.id, "question": q.question,
-                 **{m: r.ranked_keys[i][:10] for m, r in results.items()},
-                 **{f"{m}+ircot": r.ranked_keys[i][:10] for m, r in ircot_results.items()},
-                 **({"thoughts": {m: r.thoughts[i] for m, r in ircot_results.items()}}
-                    if ircot_results else {})}
-                for i, q in enumerate(questions)]
-        per_query.write_text(json.dumps(dump, indent=1))
+    return ks
+
+
+def _write_json(o: EvalOptions, path: Path, searcher: Searcher, results: dict[str, ModeResult],
+                ircot_results: dict[str, IRCoTModeResult], reasoner: IRCoTReasoner | None, *,
+                threads: int, entity_source: str, n_questions: int) -> None:
+    import torch
+
+    idx = searcher.index
+    payload = {"modes": {m: r.as_dict() for m, r in results.items()},
+               **({"ircot": {m: r.as_dict() for m, r in ircot_results.items()},
+                   "ircot_llm": {"spec": o.llm, **reasoner_counts(reasoner)}}
+                  if reasoner is not None else {}),
+               "n_questions": n_questions, "index": idx.stats(), "threads": threads,
+               "device": str(idx.device), "precision": idx.precision,
+               "query_precision": searcher.encoder_config.precision,
+               "query_backend": searcher.encoder.backend,
+               "ppr_dtype": o.dtype, "entities": entity_source, "torch": torch.__version__}
+    path.write_text(json.dumps(payload, indent=2))
+
+
+def _write_per_query(path: Path, questions: list[Question], results: dict[str, ModeResult],
+                     ircot_results: dict[str, IRCoTModeResult]) -> None:
+    """The top-10 keys of each question per mode (and IRCoT's, with its thoughts)."""
+    dump = [{"id": q.id, "question": q.question,
+             **{m: r.ranked_keys[i][:10] for m, r in results.items()},
+             **{f"{m}+ircot": r.ranked_keys[i][:10] for m, r in ircot_results.items()},
+             **({"thoughts": {m: r.thoughts[i] for m, r in ircot_results.items()}}
+                if ircot_results else {})}
+            for i, q in enumerate(questions)]
+    path.write_text(json.dumps(dump, indent=1))
 
 
 def _eval_ircot(searcher: Searcher, questions: list[Question], mode_list: list[str],

@@ -1,5 +1,5 @@
 """`hippo-gpu index` (build), `stats` (counts), `insert` / `delete` (change it in place,
-atomically), `compact` (drop old versions)."""
+atomically), `compact` (fold the segments into a new base, drop old versions)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,27 @@ from hippo_gpu.cli.common import ENCODER_HELP, LLM_HELP, console, fail, setup, t
 from hippo_gpu.config import EncoderConfig, GraphConfig, RemoteEncoderConfig, cache_root
 
 
-def _passages_and_openie(corpus: Path, openie: Path | None, llm: str | None,
-                         extracted: Path) -> tuple[list, Path]:
-    """Read the corpus once; take its OpenIE from the file, or extract it with the LLM into
-    `extracted` (crash-safe: rerunning reuses the LLM cache)."""
+def _passages(corpus: Path, openie: Path | None, llm: str | None) -> list:
+    """Read the corpus once, after checking that exactly one OpenIE source is given."""
     from hippo_gpu.data import as_passages
 
     if (openie is None) == (llm is None):
         fail("give exactly one of --openie FILE or --llm SPEC")
     try:
-        passages = as_passages(corpus)
+        return as_passages(corpus)
     except OSError as e:
         fail(str(e))
-    if llm is None:
-        assert openie is not None
-        return passages, openie
+
+
+def _extract(passages: list, llm: str, out: Path | None) -> list:
+    """The LLM's OpenIE of `passages` as OpenIEDoc objects, also written to `out` when given
+    (crash-safe: rerunning reuses the LLM cache)."""
     from hippo_gpu.llm.extract import extract_openie
 
-    console.print(f"extracting OpenIE with {llm} -> {extracted}")
-    console.print(str(extract_openie(passages, llm, extracted,
-                                     cache_path=cache_root() / "llm_cache.sqlite")))
-    return passages, extracted
+    console.print(f"extracting OpenIE with {llm}" + (f" -> {out}" if out is not None else ""))
+    report = extract_openie(passages, llm, out, cache_path=cache_root() / "llm_cache.sqlite")
+    console.print(str(report))
+    return report.docs
 
 
 def index(
@@ -82,8 +82,13 @@ def index(
         encoder_config = EncoderConfig(model=encoder, precision=encoder_precision, remote=remote)
     except ValueError as e:
         fail(str(e))
-    passages, openie_path = _passages_and_openie(corpus, openie, llm,
-                                                 out.parent / f"{out.name}.openie.json")
+    passages = _passages(corpus, openie, llm)
+    if llm is None:
+        assert openie is not None  # _passages checked that exactly one is given
+        openie_path = openie
+    else:  # the build reads its OpenIE from the file, kept beside the index
+        openie_path = out.parent / f"{out.name}.openie.json"
+        _extract(passages, llm, openie_path)
     try:
         idx = build_index(
             passages, openie_path, out,
@@ -135,6 +140,9 @@ def insert(
     corpus: Path = typer.Option(..., help="corpus JSON of the passages to add"),
     openie: Path | None = typer.Option(None, help="their OpenIE JSON (v1 or v2 format)"),
     llm: str | None = typer.Option(None, help="extract their OpenIE first with this " + LLM_HELP),
+    openie_out: Path | None = typer.Option(
+        None, help="with --llm: also write the extracted OpenIE JSON (v2) to this file "
+                   "(default: none; the writer takes the extracted docs as they are)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda (encoding, kNN)"),
     threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
     cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
@@ -145,12 +153,18 @@ def insert(
     from hippo_gpu.versions.writer import IndexWriter
 
     n = setup(threads, verbose)
-    passages, openie_path = _passages_and_openie(corpus, openie, llm,
-                                                 path.parent / f"{path.name}.insert-openie.json")
+    if openie_out is not None and llm is None:
+        fail("--openie-out needs --llm (it names where the extracted OpenIE goes)")
+    passages = _passages(corpus, openie, llm)
+    docs = _extract(passages, llm, openie_out) if llm is not None else None
     try:
         with IndexWriter(path, device=device, show_progress=True, verify=False,
                          cache_dir=cache_dir or cache_root() / "embeddings") as w:
-            added = w.insert(passages, openie_path)
+            if docs is None:
+                assert openie is not None  # _passages checked that exactly one is given
+                added = w.insert(passages, openie)
+            else:  # the extracted docs as they are: no OpenIE file written and read back
+                added = w.insert_docs(passages, docs)
             if not added:
                 console.print(f"nothing to insert: all {len(passages)} passage(s) are present")
                 return
@@ -203,20 +217,20 @@ def compact(path: Path = typer.Argument(..., help="index directory"),
             device: str = typer.Option("auto", help="where the basis solve runs")) -> None:
     """Fold the commits' segments into a new base (with the PPR basis solved) and remove old
     versions no reader holds and a killed writer's leftovers."""
-    from hippo_gpu.storage.directory import is_index_dir, read_manifest
-    from hippo_gpu.versions.writer import IndexWriter
+    from hippo_gpu.storage.directory import is_index_dir
+    from hippo_gpu.versions.writer import IndexWriter, compaction_due
 
     if not is_index_dir(path):
         fail(f"{path} is not a hippo-gpu index")
     try:
         with IndexWriter(path, device=device, compact_after=None) as w:
             removed = w.garbage
-            manifest = read_manifest(path)
-            stale = w.index.config.ppr_basis and w.index.basis is None
-            if manifest.get("segments") or stale:
+            segments = len(w.manifest.get("segments", []))
+            # asked for: any segment is due, and so is a basis the config keeps but lacks
+            if compaction_due(w.manifest, w.index, max_segments=1):
                 w.compact()
-                console.print(f"compacted {len(manifest.get('segments', []))} segment(s) into "
-                              f"base version {w.index.version}")
+                console.print(f"compacted {segments} segment(s) into base version "
+                              f"{w.index.version}")
                 console.print(timing_table(w.last_compaction, "compaction stages"))
     except OSError as e:
         fail(str(e))

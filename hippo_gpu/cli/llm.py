@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -20,6 +22,13 @@ from hippo_gpu.cli.reasoning import (
     make_reasoner,
     reasoner_counts,
 )
+
+if TYPE_CHECKING:
+    from hippo_gpu.data import Passage, Question
+    from hippo_gpu.llm.backends import Backend
+    from hippo_gpu.llm.cache import LLMCache
+    from hippo_gpu.retrieval.results import Hit
+    from hippo_gpu.retrieval.searcher import Searcher
 
 
 def _backend_options(api_key_env: str, concurrency: int | None) -> dict[str, object]:
@@ -138,74 +147,76 @@ def qa(
 ) -> None:
     """Retrieve (one step, or --ircot), then read with an LLM: EM/F1 (SQuAD normalisation)
     next to recall."""
+    _qa(QAOptions(
+        data=data, llm=llm, index=index, openie=openie, top_k=top_k, mode=mode,
+        llm_filter=llm_filter, limit=limit, cache=cache, device=device, concurrency=concurrency,
+        api_key_env=api_key_env, out=out, ircot=ircot, max_steps=max_steps,
+        ircot_prompt=ircot_prompt, dataset=dataset, ircot_passages=ircot_passages))
+
+
+@dataclass(frozen=True)
+class QAOptions:
+    """What `hippo-gpu qa` was asked, one field per option (the command's help says each)."""
+
+    data: Path
+    llm: str
+    index: Path | None
+    openie: Path | None
+    top_k: int
+    mode: str
+    llm_filter: bool
+    limit: int | None
+    cache: Path | None
+    device: str
+    concurrency: int | None
+    api_key_env: str
+    out: Path | None
+    ircot: bool
+    max_steps: int
+    ircot_prompt: Path | None
+    dataset: str | None
+    ircot_passages: int | None
+
+
+def _qa(o: QAOptions) -> None:
+    """Open (or extract and build) the index, retrieve, read, then print and write the
+    metrics."""
     from hippo_gpu.data import as_passages, read_questions
-    from hippo_gpu.evaluate import recall_at_k
-    from hippo_gpu.indexing.build import build_index
+    from hippo_gpu.evaluate import qa_metrics, recall_at_k
     from hippo_gpu.llm.backends import make_backend
     from hippo_gpu.llm.cache import LLMCache
-    from hippo_gpu.llm.extract import extract_openie
-    from hippo_gpu.llm.filter import RecognitionMemoryFilter
-    from hippo_gpu.llm.ner import QueryNER
-    from hippo_gpu.llm.qa import QAReader, qa_metrics
-    from hippo_gpu.retrieval.ircot import ircot_retrieve
-    from hippo_gpu.retrieval.spec import SearcherSpec
+    from hippo_gpu.llm.qa import QAReader
 
-    if ircot:
-        check_max_steps(max_steps)
+    if o.ircot:
+        check_max_steps(o.max_steps)
     try:
-        passages = as_passages(data / "corpus.json")
-        questions = read_questions(data / "questions.json")[:limit]
+        passages = as_passages(o.data / "corpus.json")
+        questions = read_questions(o.data / "questions.json")[:o.limit]
     except OSError as e:
         fail(str(e))
-    index_dir = index or Path("runs") / f"qa-{data.name}"
-    cache_path = cache or index_dir.with_name(index_dir.name + ".llm-cache.sqlite")
-    backend = make_backend(llm, **_options_for(llm, _backend_options(api_key_env, concurrency)))
+    index_dir = o.index or Path("runs") / f"qa-{o.data.name}"
+    cache_path = o.cache or index_dir.with_name(index_dir.name + ".llm-cache.sqlite")
+    backend = make_backend(o.llm, **_options_for(o.llm, _backend_options(o.api_key_env,
+                                                                           o.concurrency)))
     with backend, LLMCache(cache_path) as llm_cache:
         t0 = time.perf_counter()
-        spec = SearcherSpec(index_dir, device=device)
-        if index_dir.exists() and any(index_dir.iterdir()):
-            searcher = spec.open()
-        else:
-            if openie is None:
-                openie = index_dir.with_name(index_dir.name + ".openie.json")
-                report = extract_openie(passages, backend, openie, cache_path=cache_path)
-                console.print(f"OpenIE: {report.done} extracted, {report.cached} cached, "
-                              f"{report.failed} failed ({report.passages_per_s:.3f} passages/s)")
-            searcher = spec.open(build_index(passages, openie, index_dir, device=device))
-        idx = searcher.index
+        searcher = _open_qa_index(o, index_dir, passages, backend, cache_path)
         t_index = time.perf_counter() - t0
         texts = [q.question for q in questions]
-        fact_filter = RecognitionMemoryFilter(backend, llm_cache) if llm_filter else None
         t0 = time.perf_counter()
-        entities = QueryNER(backend, llm_cache)(texts) if mode == "hipporag1" else None
-        thoughts: list[list[str]] | None = None
-        ircot_counts: dict[str, object] = {}
-        if ircot:
-            reasoner = make_reasoner(backend, llm_cache, dataset=dataset or data.name,
-                                     prompt_file=ircot_prompt, max_passages=ircot_passages)
-            looped = ircot_retrieve(searcher, texts, reasoner, max_steps=max_steps,
-                                    top_k=max(top_k, 10), mode=mode, fact_filter=fact_filter,
-                                    query_entities=entities)
-            hits = [r.hits for r in looped.results]
-            thoughts = [r.thoughts for r in looped.results]
-            ircot_counts = {"max_steps": max_steps, **reasoner_counts(reasoner),
-                            "mean_steps": sum(r.steps for r in looped.results) / max(len(texts), 1),
-                            "stage_s": looped.stage_seconds}
-        else:
-            hits = searcher.retrieve(texts, top_k=max(top_k, 10), mode=mode,
-                                     fact_filter=fact_filter, query_entities=entities)
+        hits, thoughts, ircot_counts = _qa_retrieve(o, searcher, texts, backend, llm_cache)
         t_retrieve = time.perf_counter() - t0
-        contexts = [[idx.passage_texts[h.row] for h in row[:top_k]]
+        contexts = [[searcher.index.passage_texts[h.row] for h in row[:o.top_k]]
                     for row in hits]
-        reader = QAReader(backend, llm_cache, top_k=top_k)
+        reader = QAReader(backend, llm_cache, top_k=o.top_k)
         t0 = time.perf_counter()
         predictions = reader(texts, contexts)
         t_read = time.perf_counter() - t0
     recall = recall_at_k([[h.key for h in row] for row in hits],
                          [{p.key for p in q.gold} for q in questions], ks=(2, 5, 10))
     metrics = qa_metrics(predictions, [list(q.answers) for q in questions])
-    how = f"{mode} + IRCoT {max_steps} steps" if ircot else mode
-    table = Table(title=f"QA on {data} ({len(questions)} questions, {how}, {llm})")
+    how = f"{o.mode} + IRCoT {o.max_steps} steps" if o.ircot else o.mode
+    table = Table(title=f"QA on {o.data} ({len(questions)} questions, {how}, {o.llm})")
     for col in ("R@2", "R@5", "R@10", "EM", "F1", "reader failures", "index s", "retrieve s",
                 "read s"):
         table.add_column(col, justify="right")
@@ -214,17 +225,71 @@ def qa(
                   str(sum(reader.failures.values())), f"{t_index:.1f}", f"{t_retrieve:.1f}",
                   f"{t_read:.1f}")
     console.print(table)
-    if ircot:
+    if o.ircot:
         console.print(f"IRCoT: {ircot_counts['mean_steps']:.2f} steps per question, "
                       f"{ircot_counts['llm_calls']} LLM calls, {ircot_counts['cached']} cached, "
                       f"failures {ircot_counts['failures'] or 'none'}")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        rows = [{"id": q.id, "question": q.question, "prediction": p, "answers": list(q.answers),
-                 **({"thoughts": thoughts[i]} if thoughts is not None else {})}
-                for i, (q, p) in enumerate(zip(questions, predictions))]
-        out.write_text(json.dumps({"recall": recall, "metrics": metrics, "rows": rows,
-                                   **({"ircot": ircot_counts} if ircot else {})}, indent=1))
+    if o.out is not None:
+        _write_qa(o.out, questions, predictions, thoughts, recall=recall, metrics=metrics,
+                  ircot_counts=ircot_counts if o.ircot else None)
+
+
+def _open_qa_index(o: QAOptions, index_dir: Path, passages: list[Passage], backend: Backend,
+                   cache_path: Path) -> Searcher:
+    """The index at `index_dir`, else built there (from --openie, or from OpenIE extracted
+    with the backend first)."""
+    from hippo_gpu.indexing.build import build_index
+    from hippo_gpu.llm.extract import extract_openie
+    from hippo_gpu.retrieval.spec import SearcherSpec
+
+    spec = SearcherSpec(index_dir, device=o.device)
+    if index_dir.exists() and any(index_dir.iterdir()):
+        return spec.open()
+    openie = o.openie
+    if openie is None:
+        openie = index_dir.with_name(index_dir.name + ".openie.json")
+        report = extract_openie(passages, backend, openie, cache_path=cache_path)
+        console.print(f"OpenIE: {report.done} extracted, {report.cached} cached, "
+                      f"{report.failed} failed ({report.passages_per_s:.3f} passages/s)")
+    return spec.open(build_index(passages, openie, index_dir, device=o.device))
+
+
+def _qa_retrieve(o: QAOptions, searcher: Searcher, texts: list[str], backend: Backend,
+                 llm_cache: LLMCache) -> tuple[list[list[Hit]], list[list[str]] | None,
+                                               dict[str, object]]:
+    """(hits per question, IRCoT's thoughts per question or None, IRCoT's counts or {}): at
+    least 10 hits each, for recall@10."""
+    from hippo_gpu.llm.filter import RecognitionMemoryFilter
+    from hippo_gpu.llm.ner import QueryNER
+    from hippo_gpu.retrieval.ircot import ircot_retrieve
+
+    fact_filter = RecognitionMemoryFilter(backend, llm_cache) if o.llm_filter else None
+    entities = QueryNER(backend, llm_cache)(texts) if o.mode == "hipporag1" else None
+    if not o.ircot:
+        return searcher.retrieve(texts, top_k=max(o.top_k, 10), mode=o.mode,
+                                 fact_filter=fact_filter, query_entities=entities), None, {}
+    reasoner = make_reasoner(backend, llm_cache, dataset=o.dataset or o.data.name,
+                             prompt_file=o.ircot_prompt, max_passages=o.ircot_passages)
+    looped = ircot_retrieve(searcher, texts, reasoner, max_steps=o.max_steps,
+                            top_k=max(o.top_k, 10), mode=o.mode, fact_filter=fact_filter,
+                            query_entities=entities)
+    counts = {"max_steps": o.max_steps, **reasoner_counts(reasoner),
+              "mean_steps": sum(r.steps for r in looped.results) / max(len(texts), 1),
+              "stage_s": looped.stage_seconds}
+    return [r.hits for r in looped.results], [r.thoughts for r in looped.results], counts
+
+
+def _write_qa(out: Path, questions: list[Question], predictions: list[str],
+              thoughts: list[list[str]] | None, *, recall: dict[str, float],
+              metrics: dict[str, float], ircot_counts: dict[str, object] | None) -> None:
+    """Predictions (with IRCoT's thoughts) and metrics as JSON."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": q.id, "question": q.question, "prediction": p, "answers": list(q.answers),
+             **({"thoughts": thoughts[i]} if thoughts is not None else {})}
+            for i, (q, p) in enumerate(zip(questions, predictions))]
+    out.write_text(json.dumps({"recall": recall, "metrics": metrics, "rows": rows,
+                               **({"ircot": ircot_counts} if ircot_counts is not None else {})},
+                              indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -59,6 +59,7 @@ def mcp(
     except ImportError as e:
         raise typer.BadParameter(f"the mcp command needs the mcp extra: pip install "
                                  f"'hippo-gpu[mcp]' ({e})") from e
+    from hippo_gpu.retrieval.options import SearcherOptions
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.serve.batcher import BatcherConfig
@@ -74,9 +75,9 @@ def mcp(
         for name, path in specs.items():
             typer.echo(f"loading index {name!r} from {path} on {device} ...", err=True)
             try:
-                searchers[name] = SearcherSpec(path, device=device, precision=precision,
-                                               query_backend=query_backend, threads=threads,
-                                               warm_up=warmup).open()
+                searchers[name] = SearcherSpec(
+                    path, device=device, precision=precision, threads=threads, warm_up=warmup,
+                    options=SearcherOptions(query_backend=query_backend)).open()
             except ValueError as e:
                 raise typer.BadParameter(f"--index {path}: {e}") from e
     service = RetrievalService(searchers, BatcherConfig(max_batch, max_wait_ms, max_queue))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,72 +73,121 @@ def retrieve(
     same output; worker failures are retried; after a crash of this process, rerun the same
     command and it continues from the committed parts, as the local one).
     """
-    from hippo_gpu.retrieval.batch import retrieve_file
+    o = RetrieveOptions(
+        index=index, queries=queries, out=out, mode=mode, top_k=top_k, batch_size=batch_size,
+        part_size=part_size, skip_bad=skip_bad, explain=explain, device=device, encoder=encoder,
+        precision=precision, threads=threads, ray=ray, workers=workers,
+        cpus_per_worker=cpus_per_worker, num_gpus_per_worker=num_gpus_per_worker, ircot=ircot,
+        max_steps=max_steps, llm=llm, llm_cache=llm_cache, ircot_prompt=ircot_prompt,
+        dataset=dataset, ircot_passages=ircot_passages)
+    n = setup(o.threads)
+    spec = _checked_spec(o)
+    if o.ray is not None:
+        _retrieve_ray(o, spec)
+    else:
+        _retrieve_here(o, spec, threads=n)
+
+
+@dataclass(frozen=True)
+class RetrieveOptions:
+    """What `hippo-gpu retrieve` was asked, one field per option (the command's help says
+    each)."""
+
+    index: Path
+    queries: Path
+    out: Path
+    mode: str
+    top_k: int
+    batch_size: int
+    part_size: int
+    skip_bad: bool
+    explain: bool
+    device: str
+    encoder: str | None
+    precision: str
+    threads: int | None
+    ray: str | None
+    workers: int
+    cpus_per_worker: float
+    num_gpus_per_worker: float
+    ircot: bool
+    max_steps: int
+    llm: str | None
+    llm_cache: Path | None
+    ircot_prompt: Path | None
+    dataset: str | None
+    ircot_passages: int | None
+
+
+def _checked_spec(o: RetrieveOptions) -> SearcherSpec:
+    """The searcher to open, once the options are known to go together."""
     from hippo_gpu.retrieval.spec import SearcherSpec
 
-    n = setup(threads)
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; choose from {MODES}")
+    if o.mode not in MODES:
+        fail(f"unknown mode {o.mode!r}; choose from {MODES}")
     try:
-        spec = SearcherSpec(index, device=device, precision=precision, threads=threads,
-                            encoder_model=encoder)
+        spec = SearcherSpec(o.index, device=o.device, precision=o.precision, threads=o.threads,
+                            encoder_model=o.encoder)
     except ValueError as e:
         fail(str(e))
-    if ircot and ray is not None:
+    if o.ircot and o.ray is not None:
         fail("--ircot does not run on --ray; run it here")
-    if ray is not None and explain:
+    if o.ray is not None and o.explain:
         fail("--explain runs locally: drop --ray")
-    if ircot and explain:
+    if o.ircot and o.explain:
         fail("--explain explains one-step retrieval: drop --ircot or --explain")
-    if ray is not None:
-        _retrieve_ray(ray, spec, queries, out, mode=mode, top_k=top_k, batch_size=batch_size,
-                      part_size=part_size, skip_bad=skip_bad, workers=workers,
-                      cpus_per_worker=cpus_per_worker, gpus_per_worker=num_gpus_per_worker)
-        return
+    return spec
+
+
+def _retrieve_here(o: RetrieveOptions, spec: SearcherSpec, *, threads: int) -> None:
+    """The query file answered in this process (retrieval/batch.py), IRCoT rows with --ircot."""
+    from hippo_gpu.retrieval.batch import retrieve_file
+
     options = None
-    if ircot:
+    if o.ircot:
         from hippo_gpu.retrieval.ircot import IRCoTOptions
 
-        if llm is None:
+        if o.llm is None:
             fail("--ircot needs --llm SPEC (the LLM that writes the thoughts)")
-        reasoner = make_reasoner(llm, llm_cache or out.with_name(out.name + ".llm-cache.sqlite"),
-                                 dataset=dataset, prompt_file=ircot_prompt,
-                                 max_passages=ircot_passages)
-        options = IRCoTOptions(reasoner, check_max_steps(max_steps))
+        reasoner = make_reasoner(
+            o.llm, o.llm_cache or o.out.with_name(o.out.name + ".llm-cache.sqlite"),
+            dataset=o.dataset, prompt_file=o.ircot_prompt, max_passages=o.ircot_passages)
+        options = IRCoTOptions(reasoner, check_max_steps(o.max_steps))
     try:
         searcher = spec.open()
-        report = retrieve_file(searcher, queries, out, mode=mode, top_k=top_k,
-                               batch_size=batch_size, part_size=part_size, skip_bad=skip_bad,
-                               ircot=options, explain=explain)
+        report = retrieve_file(searcher, o.queries, o.out, mode=o.mode, top_k=o.top_k,
+                               batch_size=o.batch_size, part_size=o.part_size,
+                               skip_bad=o.skip_bad, ircot=options, explain=o.explain)
     except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     finally:
         if options is not None:
             reasoner.close()
-    console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
+    console.print(f"{report.rows} rows -> {o.out}: {report.answered} answered, {report.resumed} "
                   f"from committed parts, {report.bad} malformed, {report.failed} failed"
                   + (f" (see {report.bad_file})" if report.bad_file else "")
-                  + f"; {report.queries_per_s:.1f} queries/s, {n} threads")
+                  + f"; {report.queries_per_s:.1f} queries/s, {threads} threads")
 
 
-def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *, mode: str,
-                  top_k: int, batch_size: int, part_size: int, skip_bad: bool, workers: int,
-                  cpus_per_worker: float, gpus_per_worker: float) -> None:
+def _retrieve_ray(o: RetrieveOptions, spec: SearcherSpec) -> None:
+    """The query file answered by a pool of Ray actors (hippo_gpu.distributed.ray_batch)."""
+    assert o.ray is not None
     try:
         from hippo_gpu.distributed.cluster import connect
         from hippo_gpu.distributed.ray_batch import retrieve_ray
 
-        started = connect(address)
+        started = connect(o.ray)
     except (ImportError, ConnectionError, RuntimeError) as e:
-        fail(f"cannot use Ray at {address!r}: {e}")
+        fail(f"cannot use Ray at {o.ray!r}: {e}")
     import ray
 
-    per_worker = spec.threads or max(1, round(cpus_per_worker))
+    per_worker = spec.threads or max(1, round(o.cpus_per_worker))
     try:
-        report = retrieve_ray(replace(spec, threads=per_worker), queries, out, workers=workers,
-                              cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                              mode=mode, top_k=top_k, batch_size=batch_size,
-                              part_size=part_size, skip_bad=skip_bad, show_progress=True)
+        report = retrieve_ray(replace(spec, threads=per_worker), o.queries, o.out,
+                              workers=o.workers, cpus_per_worker=o.cpus_per_worker,
+                              gpus_per_worker=o.num_gpus_per_worker, mode=o.mode,
+                              top_k=o.top_k, batch_size=o.batch_size, part_size=o.part_size,
+                              skip_bad=o.skip_bad, show_progress=True)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     except ray.exceptions.RayError as e:  # e.g. every restart of an actor spent
@@ -146,10 +195,10 @@ def _retrieve_ray(address: str, spec: SearcherSpec, queries: Path, out: Path, *,
     finally:
         if started:
             ray.shutdown()
-    console.print(f"{report.rows} rows -> {out}: {report.answered} answered, {report.resumed} "
+    console.print(f"{report.rows} rows -> {o.out}: {report.answered} answered, {report.resumed} "
                   f"from committed parts, {report.bad} malformed"
                   + (f" (see {report.bad_file})" if report.bad_file else "")
-                  + f"; {report.queries_per_s:.1f} queries/s (Ray: {workers} workers x "
+                  + f"; {report.queries_per_s:.1f} queries/s (Ray: {o.workers} workers x "
                   f"{per_worker} threads, actor start included)")
 
 

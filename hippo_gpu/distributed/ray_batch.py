@@ -7,23 +7,24 @@ keys in the same order; scores equal up to float rounding of a different batch c
 
 Data flow:
 
-    plan    the driver cuts the input into chunks of about `part_size` rows without reading it
-            through: JSON Lines by byte ranges that end at a line end (seek to the next multiple
-            of the chunk's bytes, read on to the end of that line; chunk bytes = part_size x the
-            mean line length of the file's first MiB), Parquet by slices of its row groups (from
-            the footer). The plan is saved with the arguments in OUT.parts/ray-run.json.
-    answer  Ray Data: from_items(chunks, one block each) -> map_batches(IndexActor,
-            batch_size=1, ActorPoolStrategy(size=N)). Each actor opens the driver's
-            SearcherSpec ONCE (the index loaded, the query encoder warmed up); per chunk
-            it reads the chunk's rows from the query file, checks them with
+    plan    the driver cuts the input into chunks (one committed part each) of about
+            `part_size` rows without reading it through (`plan_parts`): JSON Lines by byte
+            ranges that end at a line end (seek to the next multiple of the chunk's bytes, read
+            on to the end of that line; chunk bytes = part_size x the mean line length of the
+            file's first MiB), Parquet by slices of its row groups (from the footer). The plan
+            is saved with the arguments in OUT.parts/ray-run.json.
+    answer  Ray Data (`_answer_chunks`): from_items(chunks, one block each) ->
+            map_batches(IndexActor, batch_size=1, ActorPoolStrategy(size=N)). Each actor
+            opens the driver's SearcherSpec ONCE (the index loaded, the query encoder warmed
+            up); per chunk it reads the chunk's rows from the query file, checks them with
             hippo_gpu.retrieval.batch.check_row (the local command's rule), answers them with
             hippo_gpu.retrieval.batch.answer_rows (the local command's code) in batches of
             batch_size, and commits OUT.parts/part-<chunk>.parquet (hippo_gpu.storage.parts:
-            temporary name, fsync, rename). It returns one small manifest row per chunk, which the
-            driver streams (progress, counts).
+            temporary name, fsync, rename). It returns one small manifest row per chunk, which
+            the driver streams (progress, counts).
     join    the driver reads part 0, 1, 2, ... in order, checks that input positions only
-            increase, and writes OUT with hippo_gpu.retrieval.batch.write_answers (atomic, the local
-            format); then it removes OUT.parts.
+            increase, and writes OUT with hippo_gpu.retrieval.batch.write_answers (atomic, the
+            local format; `_join_parts`); then it removes OUT.parts.
 
 Exactly once. OUT.parts follows the resumable-parts protocol of hippo_gpu.storage.parts (the local
 command's): a part holds exactly the rows of its chunk and is named by the chunk, and a chunk's
@@ -80,7 +81,7 @@ from hippo_gpu.retrieval.spec import SearcherSpec
 from hippo_gpu.storage.durable import write_atomic
 from hippo_gpu.storage.parts import RunParts
 
-__all__ = ["IndexActor", "plan_chunks", "retrieve_ray"]
+__all__ = ["IndexActor", "plan_parts", "retrieve_ray"]
 
 RUN_FILE = "ray-run.json"  # marks OUT.parts as a Ray run's (the local command writes run.json)
 PART = "part-{:08d}.parquet"  # the committed answers of one chunk
@@ -109,10 +110,11 @@ OUT_SCHEMA = pa.schema([
 ])
 
 
-def plan_chunks(queries: Path, part_size: int) -> list[list[int]]:
-    """The chunks of `queries`, about `part_size` rows each, found without reading the file
-    through: JSON Lines: [start byte, stop byte) ranges ending at a line end; Parquet:
-    [row group, first row, stop row) slices of row groups. Deterministic for a given file."""
+def plan_parts(queries: Path, part_size: int) -> list[list[int]]:
+    """The chunks of `queries`, one per committed part, about `part_size` rows each, found
+    without reading the file through: JSON Lines: [start byte, stop byte) ranges ending at a
+    line end; Parquet: [row group, first row, stop row) slices of row groups. Deterministic for
+    a given file. (Not retrieval.seeds.plan_chunks, which sizes a query batch's tensors.)"""
     if queries.suffix == ".parquet":
         meta = pq.ParquetFile(queries).metadata
         return [[g, lo, min(lo + part_size, meta.row_group(g).num_rows)]
@@ -321,7 +323,7 @@ def _open_run(parts: RunParts, identity: dict[str, Any], queries: Path) -> list[
     (saved with the identity). Refuses parts of another run (hippo_gpu.storage.parts)."""
     saved = parts.resume(identity)
     if saved is None:
-        saved = parts.start(identity, plan=plan_chunks(queries, identity["part_size"]))
+        saved = parts.start(identity, plan=plan_parts(queries, identity["part_size"]))
     return [list(c) for c in saved["plan"]]
 
 
@@ -368,14 +370,9 @@ def retrieve_ray(
         BatchReport: rows, answered (in this run), resumed (from parts committed before), bad,
         parts, seconds (including the actors' start).
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    if min(top_k, batch_size, workers, part_size) < 1:
-        raise ValueError("top_k, batch_size, workers and part_size must be >= 1")
-    if part_size >= 1 << ROW_BITS:
-        raise ValueError(f"part_size must be < 2**{ROW_BITS}")
-    if cpus_per_worker < 0 or gpus_per_worker < 0:
-        raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
+    _check_arguments(mode=mode, top_k=top_k, batch_size=batch_size, workers=workers,
+                     part_size=part_size, cpus_per_worker=cpus_per_worker,
+                     gpus_per_worker=gpus_per_worker)
     index, queries, out = spec.index.resolve(), Path(queries).resolve(), Path(out).resolve()
     if not queries.is_file():
         raise FileNotFoundError(f"{queries}: no such query file")
@@ -384,59 +381,93 @@ def retrieve_ray(
     kind = "parquet" if queries.suffix == ".parquet" else "jsonl"
     spec = replace(spec, index=index, threads=spec.threads or max(1, round(cpus_per_worker)),
                    warm_up=spec.warm_up_modes or ("dense",))
-    cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else None
-    if cpus is not None and workers * cpus_per_worker > cpus:
-        raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs exceed the cluster's "
-                         f"{cpus:g} CPUs; lower cpus_per_worker (the spec's threads set the "
-                         "torch threads)")
+    _check_cluster(workers, cpus_per_worker)
     parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
     identity = _run_identity(queries, index, kind, mode, top_k, part_size)
     plan = _open_run(parts, identity, queries)
     committed = parts.committed()
     todo = [{"chunk": i, "span": span} for i, span in enumerate(plan) if i not in committed]
-    report = BatchReport()
     start = time.perf_counter()
     if todo:
-        bar = progress(total=None, desc="retrieve --ray", unit="q", disable=not show_progress)
-        # A chunk per block, so chunks spread over the pool one by one.
-        ds: ray.data.Dataset = ray.data.from_items(todo, override_num_blocks=len(todo))
-        with warnings.catch_warnings():
-            # Ray 2.60 marks the catch-all remote args deprecated but names no other way to
-            # bound an actor's restarts (its default is unbounded: a chunk that kills every
-            # actor would loop forever).
-            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            ds = ds.map_batches(
-                actor_cls,
-                fn_constructor_args=(spec,),
-                fn_constructor_kwargs=dict(
-                    index_version=identity["index_version"], queries=str(queries), kind=kind,
-                    parts=str(parts.dir), skip_bad=skip_bad, mode=mode, top_k=top_k,
-                    batch_size=batch_size),
-                batch_size=1, batch_format="pyarrow",
-                compute=ray.data.ActorPoolStrategy(size=workers),
-                num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,
-                max_restarts=max_restarts, max_task_retries=max_task_retries)
-        try:
-            for done in ds.iter_rows():
-                bar.update(done["answered"])
-                bar.set_postfix(q_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
-        except Exception as e:  # a worker's error arrives wrapped by Ray: unwrap ours
-            user = _user_error(e)
-            if user is not None:
-                raise user from e
-            raise
-        finally:
-            bar.close()
+        actor_kwargs = dict(index_version=identity["index_version"], queries=str(queries),
+                            kind=kind, parts=str(parts.dir), skip_bad=skip_bad, mode=mode,
+                            top_k=top_k, batch_size=batch_size)
+        _answer_chunks(todo, actor_cls, spec, actor_kwargs, workers=workers,
+                       cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                       max_restarts=max_restarts, max_task_retries=max_task_retries,
+                       show_progress=show_progress)
+    report = _join_parts(parts, len(plan), committed, queries, kind, out)
+    parts.remove()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _check_arguments(*, mode: str, top_k: int, batch_size: int, workers: int, part_size: int,
+                     cpus_per_worker: float, gpus_per_worker: float) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if min(top_k, batch_size, workers, part_size) < 1:
+        raise ValueError("top_k, batch_size, workers and part_size must be >= 1")
+    if part_size >= 1 << ROW_BITS:
+        raise ValueError(f"part_size must be < 2**{ROW_BITS}")
+    if cpus_per_worker < 0 or gpus_per_worker < 0:
+        raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
+
+
+def _check_cluster(workers: int, cpus_per_worker: float) -> None:
+    """Refuse a pool the connected cluster cannot hold (its actors would wait forever)."""
+    cpus = ray.cluster_resources().get("CPU", 0.0) if ray.is_initialized() else None
+    if cpus is not None and workers * cpus_per_worker > cpus:
+        raise ValueError(f"{workers} workers x {cpus_per_worker} CPUs exceed the cluster's "
+                         f"{cpus:g} CPUs; lower cpus_per_worker (the spec's threads set the "
+                         "torch threads)")
+
+
+def _answer_chunks(todo: list[dict[str, Any]], actor_cls: type[IndexActor], spec: SearcherSpec,
+                   actor_kwargs: dict[str, Any], *, workers: int, cpus_per_worker: float,
+                   gpus_per_worker: float, max_restarts: int, max_task_retries: int,
+                   show_progress: bool) -> None:
+    """The chunks `todo` answered and committed by a pool of `workers` actors
+    (actor_cls(spec, **actor_kwargs)); a worker's DataFormatError is raised here, unwrapped."""
+    start = time.perf_counter()
+    bar = progress(total=None, desc="retrieve --ray", unit="q", disable=not show_progress)
+    # A chunk per block, so chunks spread over the pool one by one.
+    ds: ray.data.Dataset = ray.data.from_items(todo, override_num_blocks=len(todo))
+    with warnings.catch_warnings():
+        # Ray 2.60 marks the catch-all remote args deprecated but names no other way to
+        # bound an actor's restarts (its default is unbounded: a chunk that kills every
+        # actor would loop forever).
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        ds = ds.map_batches(
+            actor_cls, fn_constructor_args=(spec,), fn_constructor_kwargs=actor_kwargs,
+            batch_size=1, batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None,
+            max_restarts=max_restarts, max_task_retries=max_task_retries)
+    try:
+        for done in ds.iter_rows():
+            bar.update(done["answered"])
+            bar.set_postfix(q_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
+    except Exception as e:  # a worker's error arrives wrapped by Ray: unwrap ours
+        user = _user_error(e)
+        if user is not None:
+            raise user from e
+        raise
+    finally:
+        bar.close()
+
+
+def _join_parts(parts: RunParts, chunks: int, committed: frozenset[int], queries: Path,
+                kind: str, out: Path) -> BatchReport:
+    """OUT written from the committed parts in input order, the malformed rows beside it in
+    OUT.bad.jsonl; the counts (without seconds)."""
     bad: list[dict[str, Any]] = []
-    join = _Join(parts, len(plan), queries, kind, committed, bad)
+    join = _Join(parts, chunks, queries, kind, committed, bad)
     write_answers(out, join.answers())
-    report.rows, report.bad, report.resumed = join.rows, len(bad), join.resumed
+    report = BatchReport(rows=join.rows, bad=len(bad), resumed=join.resumed, parts=chunks)
     report.answered = join.rows - len(bad) - join.resumed
-    report.parts = len(plan)
     if bad:
         bad_file = out.with_name(out.name + ".bad.jsonl")
         write_atomic(bad_file, "".join(json.dumps(b) + "\n" for b in bad))
         report.bad_file = str(bad_file)
-    parts.remove()
-    report.seconds = time.perf_counter() - start
     return report

@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,14 @@ from hippo_gpu.data import Passage, as_passages
 from hippo_gpu.llm.backends import Backend, BackendSpecError, ChatRequest, Completion
 from hippo_gpu.llm.backends.base import OnResult, parse_spec
 from hippo_gpu.llm.cache import LLMCache
-from hippo_gpu.llm.extract import ExtractReport, OpenIEConfig, _Run, extract_openie, write_openie
+from hippo_gpu.llm.extract import (
+    ExtractReport,
+    OpenIEConfig,
+    _Run,
+    extract_openie,
+    uncached_passages,
+    write_openie,
+)
 from hippo_gpu.progress import progress
 
 __all__ = ["extract_openie_ray"]
@@ -156,7 +164,6 @@ def extract_openie_ray(
     if min(shard_size, wave_size) < 1 or retry_rounds < 0:
         raise ValueError("shard_size and wave_size must be >= 1, retry_rounds >= 0")
     model = _model_of(specs)
-    workers = workers or len(specs)
     passages = as_passages(corpus)
     out_path = Path(out_path)
     cache_file = Path(cache_path) if cache_path is not None else \
@@ -165,61 +172,85 @@ def extract_openie_ray(
     task = ray.remote(_run_shard).options(num_cpus=cpus_per_task, max_retries=max_task_retries)
     report = ExtractReport(passages=len(passages), out_path=str(out_path),
                            cache_path=str(cache_file))
-    results: dict[str, dict[str, Any]] = {}
-    errors: dict[str, str] = {}
     t0 = time.perf_counter()
     with LLMCache(cache_file) as cache:
-        keys = _Run(_KeyOnly(model), cache, cfg)
-        done = cache.get_many([keys.triple_key(p) for p in passages])
-        pending: list[Passage] = []
-        for p in passages:
-            entry = done.get(keys.triple_key(p))
-            if entry is not None and entry.status == "ok":
-                results[p.key] = entry.value
-                report.cached += 1
-            else:
-                pending.append(p)
+        shards = _Shards(task, list(specs), cache, _Run(_KeyOnly(model), cache, cfg), cfg,
+                         wave_size, backend_options or {}, report)
+        pending = shards.read_cache(passages)
         with progress(total=len(pending), desc="openie", unit="psg",
                       disable=not show_progress) as bar:
             for round_ in range(retry_rounds + 1):
                 if not pending:
                     break
-                for p in pending:
-                    errors.pop(p.key, None)
-                shards = [pending[i:i + shard_size] for i in range(0, len(pending), shard_size)]
-                running: dict[Any, int] = {}
-                nxt = 0
-                while nxt < len(shards) or running:
-                    while nxt < len(shards) and len(running) < workers:
-                        shard = shards[nxt]
-                        ner = cache.get_many([keys.ner_key(p) for p in shard])
-                        seeds: list[Entry] = [
-                            (e.key, e.task, e.status, json.dumps(e.value), e.error,
-                             e.prompt_tokens, e.completion_tokens)
-                            for e in ner.values() if e.status == "ok"]
-                        spec = specs[(nxt + round_) % len(specs)]
-                        ref = task.remote(shard, spec, seeds, cfg, wave_size,
-                                          backend_options or {})
-                        running[ref] = nxt
-                        nxt += 1
-                    ready, _ = ray.wait(list(running), num_returns=1)
-                    running.pop(ready[0])
-                    got = ray.get(ready[0])
-                    _commit(cache, got["entries"])
-                    _merge(report, got["report"])
-                    for doc in got["docs"]:
-                        if "error" in doc:
-                            errors[doc["idx"]] = doc["error"]
-                        else:
-                            results[doc["idx"]] = {"entities": doc["extracted_entities"],
-                                                   "triples": doc["extracted_triples"]}
-                    bar.update(sum(1 for d in got["docs"] if "error" not in d))
-                pending = [p for p in pending if p.key in errors]
+                shards.run_round(pending, round_, shard_size=shard_size,
+                                 workers=workers or len(specs), bar=bar)
+                pending = [p for p in pending if p.key in shards.errors]
     report.seconds = time.perf_counter() - t0
-    report.failed = len(errors)
-    report.failures = Counter(errors.values())
-    write_openie(out_path, passages, results, errors)
+    report.failed = len(shards.errors)
+    report.failures = Counter(shards.errors.values())
+    write_openie(out_path, passages, shards.results, shards.errors)
     return report
+
+
+@dataclass
+class _Shards:
+    """The driver's side of a run: the cache it owns, the shards it sends round-robin over
+    the endpoints, and what came back (results and errors by passage key)."""
+
+    task: Any  # the Ray remote function of _run_shard
+    specs: list[str]
+    cache: LLMCache
+    keys: _Run  # the cache keys of the local command
+    cfg: OpenIEConfig
+    wave_size: int
+    options: dict[str, Any]
+    report: ExtractReport
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def read_cache(self, passages: list[Passage]) -> list[Passage]:
+        """The passages whose triples are not cached (to send); the cached ones are results."""
+        return uncached_passages(self.cache, self.keys.triple_key, passages, self.results,
+                                 self.report)
+
+    def run_round(self, pending: list[Passage], round_: int, *, shard_size: int, workers: int,
+                  bar: Any) -> None:
+        """`pending` in shards of `shard_size`, `workers` in flight; shard k goes to endpoint
+        (k + round_) mod E; each shard's entries are committed as soon as it returns."""
+        for p in pending:
+            self.errors.pop(p.key, None)
+        shards = [pending[i:i + shard_size] for i in range(0, len(pending), shard_size)]
+        running: dict[Any, int] = {}
+        nxt = 0
+        while nxt < len(shards) or running:
+            while nxt < len(shards) and len(running) < workers:
+                spec = self.specs[(nxt + round_) % len(self.specs)]
+                running[self.submit(shards[nxt], spec)] = nxt
+                nxt += 1
+            ready, _ = ray.wait(list(running), num_returns=1)
+            running.pop(ready[0])
+            bar.update(self.collect(ray.get(ready[0])))
+
+    def submit(self, shard: list[Passage], spec: str) -> Any:
+        """One shard's task on endpoint `spec`, seeded with the shard's cached NER."""
+        ner = self.cache.get_many([self.keys.ner_key(p) for p in shard])
+        seeds: list[Entry] = [
+            (e.key, e.task, e.status, json.dumps(e.value), e.error, e.prompt_tokens,
+             e.completion_tokens)
+            for e in ner.values() if e.status == "ok"]
+        return self.task.remote(shard, spec, seeds, self.cfg, self.wave_size, self.options)
+
+    def collect(self, got: dict[str, Any]) -> int:
+        """A returned shard: its entries committed, its docs taken; the passages it extracted."""
+        _commit(self.cache, got["entries"])
+        _merge(self.report, got["report"])
+        for doc in got["docs"]:
+            if "error" in doc:
+                self.errors[doc["idx"]] = doc["error"]
+            else:
+                self.results[doc["idx"]] = {"entities": doc["extracted_entities"],
+                                            "triples": doc["extracted_triples"]}
+        return sum(1 for d in got["docs"] if "error" not in d)
 
 
 def _merge(into: ExtractReport, part: ExtractReport) -> None:

@@ -1,13 +1,16 @@
 """The HTTP query server replicated on Ray Serve (`hippo-gpu serve --ray ADDRESS --replicas N`).
 
-Each replica is one Ray actor that opens the searcher once (`SearcherSpec.open()`: the index
-loaded, the searcher warmed up) and serves the plain server's FastAPI app, built in the replica by
-`hippo_gpu.serve.server.create_app(searcher, config)`; its constructor takes two frozen values,
-pickled by Ray: the SearcherSpec (what to open) and the ServerConfig (how to serve). So every
+`serve --ray` hands its `ServeOptions` (hippo_gpu.serve.config: the one index's spec, the
+ServerConfig, the address, the replicas as `RayServeOptions`) to `serve_until_signal`, as the
+plain command hands them to uvicorn. Each replica is one Ray actor that opens the searcher once
+(`SearcherSpec.open()`: the index loaded, the searcher warmed up) and serves the plain server's
+FastAPI app, built in the replica by `hippo_gpu.serve.server.create_app(searcher, config)`; its
+constructor takes three frozen values, pickled by Ray: the SearcherSpec (what to open), the
+ServerConfig (how to serve) and the ReasonerSpec or None (IRCoT's thought source). So every
 replica keeps everything the plain server does, unchanged: the request schema and its limits
 (422), the body-size guard (413), bearer auth (401), the micro-batcher
-(hippo_gpu/serve/batcher.py: batches grouped by (mode, top_k, return_seeds, with_entities), an
-error reaching only the request that caused it, 429 when its queue is full) and /healthz,
+(hippo_gpu/serve/batcher.py: batches grouped by hippo_gpu.serve.service.BatchKey, an error
+reaching only the request that caused it, 429 when its queue is full) and /healthz,
 /readyz, /v1/stats, /openapi.json. Ray Serve's own `@serve.batch`
 is not used: it sets one error on every request of a batch and cannot group by mode and top_k.
 
@@ -50,7 +53,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +64,11 @@ except ImportError as e:
 
 from hippo_gpu.llm.ircot import ReasonerSpec
 from hippo_gpu.retrieval.spec import SearcherSpec
+from hippo_gpu.serve.config import RayServeOptions, ServeOptions
 from hippo_gpu.serve.server import ServerConfig, create_app
 from hippo_gpu.storage.directory import read_manifest
 
-__all__ = ["ServeHandle", "deploy", "replica_application", "serve_until_signal"]
+__all__ = ["ServeHandle", "deploy", "replica_application", "replica_spec", "serve_until_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -147,21 +151,40 @@ class ServeHandle:
             serve.shutdown()
 
 
-def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str = "127.0.0.1",
-           port: int = 8000, replicas: int = 1, cpus_per_replica: float = 1.0,
-           gpus_per_replica: float = 0.0, name: str = APP_NAME,
-           reasoning: ReasonerSpec | None = None) -> ServeHandle:
-    """Deploy the server on the connected Ray cluster and wait until every replica is ready.
+def replica_spec(options: ServeOptions) -> SearcherSpec:
+    """What every replica opens: the options' one index at its absolute path (replicas run in
+    other working directories), with the spec's threads, else the replica's Ray CPUs rounded
+    (at least 1).
 
-    Serve's HTTP proxy listens on host:port when this call starts Serve; when Serve already
-    runs on the cluster, its proxy keeps the address it has (ValueError if that differs).
+    Raises:
+        ValueError: the options serve no Ray (`options.ray` is None) or several indexes.
+    """
+    ray_options = _ray_options(options)
+    if len(options.indexes) != 1:
+        raise ValueError("Ray Serve replicas serve one index")
+    (spec,) = options.indexes.values()
+    return replace(spec, index=spec.index.resolve(),
+                   threads=spec.threads or max(1, round(ray_options.cpus_per_replica)))
+
+
+def deploy(options: ServeOptions, reasoning: ReasonerSpec | None = None, *,
+           name: str = APP_NAME) -> ServeHandle:
+    """Deploy the server of `options` (its `ray` replicas of `replica_spec(options)`, serving
+    `options.server`) on the connected Ray cluster and wait until every replica is ready;
+    `reasoning` is the thought source each replica opens (None: "ircot" requests get 422).
+
+    Serve's HTTP proxy listens on options.host:options.port when this call starts Serve; when
+    Serve already runs on the cluster, its proxy keeps the address it has (ValueError if that
+    differs).
 
     Raises:
         FileNotFoundError: the index directory does not exist here.
         IndexFormatError: it is not a hippo-gpu index.
-        ValueError: a relative index path, or Serve already runs with another proxy address.
+        ValueError: not one index, or Serve already runs with another proxy address.
         RuntimeError: a replica failed to start (Ray's message says why).
     """
+    spec, ray_options = replica_spec(options), _ray_options(options)
+    host, port = options.host, options.port
     _check_index(spec.index)
     running = _serve_http_address()
     if running is not None and running != (host, port):
@@ -170,8 +193,9 @@ def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str 
                          "another cluster")
     if running is None:
         serve.start(http_options={"host": host, "port": port})
-    app = replica_application(spec, config, replicas=replicas, cpus_per_replica=cpus_per_replica,
-                              gpus_per_replica=gpus_per_replica, reasoning=reasoning)
+    app = replica_application(spec, options.server, replicas=ray_options.replicas,
+                              cpus_per_replica=ray_options.cpus_per_replica,
+                              gpus_per_replica=ray_options.gpus_per_replica, reasoning=reasoning)
     try:
         serve.run(app, name=name, route_prefix="/")
     except BaseException:
@@ -181,15 +205,14 @@ def deploy(spec: SearcherSpec, config: ServerConfig | None = None, *, host: str 
     return ServeHandle(url=f"http://{host}:{port}", name=name, started_serve=running is None)
 
 
-def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | None = None, *,
-                       host: str, port: int, replicas: int, cpus_per_replica: float = 1.0,
-                       gpus_per_replica: float = 0.0, reasoning: ReasonerSpec | None = None,
+def serve_until_signal(options: ServeOptions, reasoning: ReasonerSpec | None = None, *,
                        say: Callable[[str], None] = print) -> None:
-    """`hippo-gpu serve --ray ADDRESS`: connect to (or, for "local", start) Ray, deploy, serve
-    until SIGINT or SIGTERM, then remove the deployment (Ray Serve lets open requests finish)
-    and stop what this call started."""
+    """`hippo-gpu serve --ray ADDRESS`: connect to (or, for "local", start) Ray at
+    `options.ray.address`, deploy, serve until SIGINT or SIGTERM, then remove the deployment
+    (Ray Serve lets open requests finish) and stop what this call started."""
     from hippo_gpu.distributed.cluster import connect
 
+    spec, ray_options = replica_spec(options), _ray_options(options)
     _check_index(spec.index)
     # A signal during the deployment is honoured once it is up (then removed at once), so an
     # interrupted start never leaves replicas behind.
@@ -198,13 +221,11 @@ def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | 
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     started_ray = False
     try:
-        started_ray = connect(address)
-        handle = deploy(spec, config, host=host, port=port, replicas=replicas,
-                        cpus_per_replica=cpus_per_replica, gpus_per_replica=gpus_per_replica,
-                        reasoning=reasoning)
+        started_ray = connect(ray_options.address)
+        handle = deploy(options, reasoning)
         try:
-            say(f"serving {spec.index} on {handle.url} with {replicas} Ray Serve replicas; "
-                "Ctrl-C stops")
+            say(f"serving {spec.index} on {handle.url} with {ray_options.replicas} Ray Serve "
+                "replicas; Ctrl-C stops")
             while not stop.wait(0.5):
                 pass
         finally:
@@ -216,6 +237,12 @@ def serve_until_signal(address: str, spec: SearcherSpec, config: ServerConfig | 
             import ray
 
             ray.shutdown()
+
+
+def _ray_options(options: ServeOptions) -> RayServeOptions:
+    if options.ray is None:
+        raise ValueError("these ServeOptions serve here, not on Ray (their `ray` is None)")
+    return options.ray
 
 
 def _check_index(index: Path) -> None:

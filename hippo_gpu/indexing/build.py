@@ -170,7 +170,7 @@ def build_index(
         index.save(out_dir)
         stages.lap("save")
     index.timings = stages.seconds
-    return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
+    return index.to(dev, precision)
 
 
 def assemble_index(
@@ -333,8 +333,6 @@ def _embed_elements(vectors: _Vectors, passage_texts: list[str],
     return _Embedded(passage_texts, vectors(passage_texts, "passages"),
                      vectors(elements.phrases, "phrases"),
                      vectors([fact_text(f) for f in elements.facts], "facts"))
-
-
 
 
 def _log_report(report: OpenIEReport) -> None:

@@ -1,9 +1,9 @@
 """Index: the data of one index version (tensors, tables, config), and its load/save.
 
 An `Index` holds what indexing produced and nothing else: no encoder, no solver, no retrieval.
-`build.build_index` makes one; `versions.load_index` reads one from disk (`index_of_files` here
-makes the base version's part); `Index.to(device)` moves it;
-`search.Searcher` answers queries over it.
+`indexing.build.build_index` makes one; `versions.load.load_index` reads one from disk
+(`index_of_files` here makes the base version's part); `Index.to(device)` moves it;
+`retrieval.searcher.Searcher` answers queries over it.
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ class Index:
         return self.row_of_key[key]
 
     def to(self, device: str | torch.device, precision: str | None = None) -> Index:
-        """This index on `device`, its embeddings at `precision` (default: unchanged).
+        """This index on `device`, its embeddings at `precision` (default: unchanged); this
+        index itself when it is there at that precision already (as `Tensor.to` returns the
+        tensor itself), so callers move an index without testing where it is first.
 
         The precision never depends on the device: float32 stays float32 on CUDA. The basis
         moves with the rest and stays float64 (its certificates are float64 bounds).
@@ -145,6 +147,8 @@ class Index:
         dev = resolve_device(device)
         precision = precision or self.precision
         emb_dtype = precision_dtype(precision)
+        if precision == self.precision and _same_device(dev, self.device):
+            return self
         moved = replace(
             self,
             adjacency=self.adjacency.to(dev),
@@ -168,17 +172,18 @@ class Index:
         Takes the directory's writer lock: a concurrent writer gets WriterLockedError.
         """
         with writer_lock(out_dir):
-            path = write_version(out_dir, *self.payload())
-        self.path = path
-        return path
+            write_version(out_dir, *self.payload())
+        self.path = Path(out_dir).resolve()
+        return self.path
 
     def payload(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]],
                                dict[str, dict[str, Any]], dict[str, Sequence[str]]]:
-        """(manifest, tensor groups, tables, string tables): what store.write_version writes.
+        """(manifest, tensor groups, tables, string tables): what directory.write_version
+        writes.
 
         Facts are stored as integer rows (fact_phrases + fact_predicate into `predicates`) and
         passage triples as per-passage fact rows (passage_triple_ptr [P + 1],
-        passage_triple_fact [T]); texts as string tables (store.write_version), so loading
+        passage_triple_fact [T]); texts as string tables (directory.write_version), so loading
         parses no text. The basis, if any, is the group "basis" (PassageBasis.tensors()).
         """
         facts = self.facts if isinstance(self.facts, FactTable) else \
@@ -227,9 +232,19 @@ class Index:
         return manifest, tensors, tables, strings
 
 
+def _same_device(target: torch.device, current: torch.device) -> bool:
+    """Whether tensors on `current` moved to `target` stay where they are, as `Tensor.to`
+    decides: a device without an index ("cuda") is the current one of its type."""
+    if target.type != current.type:
+        return False
+    if target.index is None and target.type == "cuda":
+        return current.index == torch.cuda.current_device()
+    return target.index is None or target.index == current.index
+
+
 def basis_summary(basis: PassageBasis | None) -> dict[str, Any] | None:
     """What `stats` reports of a basis, as the manifest records it ("basis"; None without one),
-    so that store.manifest_stats reads it without opening basis.safetensors."""
+    so that directory.manifest_stats reads it without opening basis.safetensors."""
     if basis is None:
         return None
     return {"bytes": basis.nbytes, "seconds": basis.seconds, "steps": basis.steps,
@@ -257,7 +272,8 @@ def _passage_triple_rows(passage_triples: Sequence[list[Triple]],
 def index_of_files(path: Path, manifest: dict[str, Any],
                    files: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]], *,
                    encoder: str | None = None) -> Index:
-    """The Index of a base version's files (store.read_index_dir), on the CPU in float32.
+    """The Index of a base version's files (directory.read_index_dir), on the CPU in
+    float32.
 
     Args:
         encoder: if given, the encoder the caller intends to query with; a mismatch with the
@@ -293,7 +309,7 @@ def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
               g: dict[str, torch.Tensor], e: dict[str, torch.Tensor],
               t: dict[str, Any]) -> Index:
     """The Index of one read version: `g` its graph tensors, `e` its embeddings, `t` its
-    tables and string tables (store.read_index_dir). A missing entry raises KeyError."""
+    tables and string tables (directory.read_index_dir). A missing entry raises KeyError."""
     n = int(g["adjacency_crow"].numel() - 1)
     adjacency = make_csr(g["adjacency_crow"], g["adjacency_col"], g["adjacency_val"], n)
     phrases, predicates = t["phrases"], t["predicates"]

@@ -24,7 +24,7 @@ from hippo_gpu.llm.extract import ExtractReport, extract_openie
 from hippo_gpu.llm.filter import FilterOutcome, RecognitionMemoryFilter
 from hippo_gpu.llm.ner import QueryNER, read_query_ner_tsv
 from hippo_gpu.llm.parse import OutputRejected, ParseStats
-from hippo_gpu.llm.qa import QAReader, qa_metrics
+from hippo_gpu.llm.qa import QAReader
 
 __all__ = [
     "Backend",
@@ -43,6 +43,5 @@ __all__ = [
     "RecognitionMemoryFilter",
     "extract_openie",
     "make_backend",
-    "qa_metrics",
     "read_query_ner_tsv",
 ]

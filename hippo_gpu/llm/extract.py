@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -285,7 +285,7 @@ def extract_openie(
             report.passages, report.out_path, report.cache_path = (
                 len(passages), str(out_path or ""), str(cache_file))
             run.t0 = time.perf_counter()
-            todo = _uncached(run, cache, passages)
+            todo = uncached_passages(cache, run.triple_key, passages, run.results, run.report)
             with progress(total=len(todo), desc="openie", unit="psg",
                           disable=not show_progress) as bar:
                 for lo in range(0, len(todo), wave_size):
@@ -301,15 +301,19 @@ def extract_openie(
     return report
 
 
-def _uncached(run: _Run, cache: LLMCache, passages: Sequence[Passage]) -> list[Passage]:
-    """The passages whose triples the cache does not hold (cached ones go into run.results)."""
-    entries = cache.get_many([run.triple_key(p) for p in passages])
+def uncached_passages(cache: LLMCache, triple_key: Callable[[Passage], str],
+                      passages: Sequence[Passage], results: dict[str, dict[str, Any]],
+                      report: ExtractReport) -> list[Passage]:
+    """The passages whose triples the cache does not hold (to send to the LLM); the cached ones
+    go into ``results`` (by passage key) and count in ``report.cached``. One read of the cache
+    for the whole list (local and Ray extraction alike)."""
+    entries = cache.get_many([triple_key(p) for p in passages])
     todo: list[Passage] = []
     for p in passages:
-        entry = entries.get(run.triple_key(p))
+        entry = entries.get(triple_key(p))
         if entry is not None and entry.status == "ok":
-            run.results[p.key] = entry.value
-            run.report.cached += 1
+            results[p.key] = entry.value
+            report.cached += 1
         else:
             todo.append(p)
     return todo

@@ -93,7 +93,6 @@ class QueryNER(LLMStep):
         return out
 
 
-
 def read_query_ner_tsv(path: str | Path, stats: ParseStats | None = None) -> dict[str, list[str]]:
     """Read HippoRAG's `*_queries.named_entity_output.tsv`: question -> named entities.
 

@@ -1,4 +1,4 @@
-"""QA reader (HippoRAG's reading step) and SQuAD-style EM/F1.
+"""QA reader (HippoRAG's reading step); its answers are scored by hippo_gpu.evaluate.qa_metrics.
 
 The reader sees the top passages as "Wikipedia Title: {title}\\n{text}\\n\\n" blocks, then
 "Question: ...\\nThought: ", and its answer is the text after "Answer:" (as upstream).
@@ -6,8 +6,6 @@ The reader sees the top passages as "Wikipedia Title: {title}\\n{text}\\n\\n" bl
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,46 +87,3 @@ class QAReader(LLMStep):
 
         self.backend.generate([self.request(questions[i], passages[i]) for i in todo], on_result)
         return answers
-
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
-def f1(prediction: str, gold: str) -> float:
-    """Token-level F1 of normalised strings: 2PR / (P + R) over the multiset overlap."""
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    common = Counter(pred) & Counter(ref)
-    overlap = sum(common.values())
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / len(pred), overlap / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def qa_metrics(
-    predictions: Sequence[str], gold_answers: Sequence[Sequence[str]]
-) -> dict[str, float]:
-    """Mean EM and F1 over questions, each the max over the gold answer and its aliases.
-
-    Returns:
-        {"em": ..., "f1": ..., "n": Q} with em and f1 in [0, 1].
-    """
-    if len(predictions) != len(gold_answers):
-        raise ValueError(f"{len(predictions)} predictions but {len(gold_answers)} gold lists")
-    if not predictions:
-        return {"em": 0.0, "f1": 0.0, "n": 0}
-    em = [max((exact_match(p, g) for g in golds), default=0.0)
-          for p, golds in zip(predictions, gold_answers)]
-    f = [max((f1(p, g) for g in golds), default=0.0) for p, golds in zip(predictions, gold_answers)]
-    n = len(predictions)
-    return {"em": sum(em) / n, "f1": sum(f) / n, "n": n}

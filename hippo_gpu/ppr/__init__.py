@@ -20,8 +20,7 @@ from hippo_gpu.ppr.iteration import (
     build_transition,
     chebyshev_weights,
     default_tol,
-    ppr_chebyshev,
-    ppr_iterate,
+    ppr_solve,
     torch_step,
 )
 from hippo_gpu.ppr.ordering import rcm_permutation
@@ -40,8 +39,7 @@ __all__ = [
     "chebyshev_weights",
     "default_tol",
     "personalized_pagerank",
-    "ppr_chebyshev",
-    "ppr_iterate",
+    "ppr_solve",
     "rcm_permutation",
     "stall_steps",
     "torch_step",

@@ -46,8 +46,7 @@ from hippo_gpu.ppr.iteration import (
     check_seeds_shape,
     default_tol,
     normalised_seeds,
-    ppr_chebyshev,
-    ppr_iterate,
+    ppr_solve,
 )
 from hippo_gpu.ppr.ordering import permute_csr, rcm_permutation
 from hippo_gpu.ppr.rounding import (
@@ -357,11 +356,10 @@ class PPRSolver:
         if self._perm is not None:
             r_hat = r_hat.index_select(0, self._perm)
         rows = self._out_rows
-        solve = ppr_chebyshev if self.method == "chebyshev" else ppr_iterate
         step = _triton_step(transition) if self.backend == "triton" else None
-        result = solve(transition, r_hat, tol=tol, max_iter=max_iter, normalised=True,
-                       top_k=top_k, target_rows=rows, step=step, exact=self._exact,
-                       round_off=self._round_off)
+        result = ppr_solve(transition, r_hat, method=self.method, tol=tol, max_iter=max_iter,
+                           normalised=True, top_k=top_k, target_rows=rows, step=step,
+                           exact=self._exact, round_off=self._round_off)
         scores = result.scores if rows is None else result.scores.index_select(0, rows)
         return scores, result.iterations, result.error_bound, result.certified, result.stalled
 

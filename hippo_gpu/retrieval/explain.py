@@ -103,25 +103,18 @@ from hippo_gpu.retrieval.explanation import (
 )
 from hippo_gpu.retrieval.hipporag1 import V1Graph
 from hippo_gpu.retrieval.hybrid import fusion_ranks, fusion_terms
+from hippo_gpu.retrieval.modes import Mode
 from hippo_gpu.retrieval.results import Hit, Ranking
 from hippo_gpu.retrieval.seeds import NODE_VECTORS, phrase_seeds, reset_vectors
 
 __all__ = ["BRIDGES", "PHRASE_PASSAGES", "Capture", "GraphQueries", "explain_dense",
-           "explain_graph", "explain_hipporag1", "explain_ranking", "explain_solver",
-           "query_chunk"]
+           "explain_graph", "explain_hipporag1", "explain_ranking", "query_chunk"]
 
 BRIDGES = 5  # bridges kept per (hit, seed)
 PHRASE_PASSAGES = 50  # passages listed per phrase
 PHRASE_SYNONYMS = 20  # synonyms listed per phrase
 U64 = 2.0 ** -53  # float64 unit round-off
 U32 = 2.0 ** -24
-
-
-def explain_solver(adjacency: Tensor, cfg: RetrievalConfig) -> PPRSolver:
-    """The float64 PPR of ``adjacency`` at every node, certified to the float64 default tol
-    within the default step cap (not the search's: these columns are the decomposition's own):
-    the solver of the decomposition's columns."""
-    return PPRSolver(adjacency, damping=cfg.damping, dtype=torch.float64, method="chebyshev")
 
 
 def query_chunk(index: Index, top_k: int, cfg: RetrievalConfig) -> int:
@@ -204,31 +197,35 @@ class Capture:
             self.v1_graph, self.v1_rows, self.v1_owner = graph, rows, owner
 
 
-SolverOf = Callable[[RetrievalConfig, Tensor, str], PPRSolver]  # (cfg, adjacency, name)
+# (cfg, adjacency, name) -> the float64 PPR of the adjacency at every node, certified to the
+# float64 default tol within the default step cap (cfg.ppr.exact(), not the search's settings:
+# these columns are the decomposition's own)
+SolverOf = Callable[[RetrievalConfig, Tensor, str], PPRSolver]
 
 
 def explain_ranking(index: Index, queries: list[str], hits: list[list[Hit]], ranking: Ranking,
-                    capture: Capture, mode: str, cfg: RetrievalConfig, top_k: int,
+                    capture: Capture, mode: Mode, cfg: RetrievalConfig, top_k: int,
                     query_entities: Sequence[Sequence[str]] | None,
                     solver_of: SolverOf) -> list[QueryExplanation]:
     """The explanation of every query of a ranking from what its `rank` recorded.
 
     Args:
-        solver_of: the Searcher's cache of `explain_solver`s, by (cfg, adjacency, name).
+        solver_of: the Searcher's cache of these float64 solvers (SolverOf).
     """
     q = len(queries)
     if not capture.cos_parts and capture.v1_graph is None:  # nothing ran: no passage
-        return [QueryExplanation(text, mode, (), (), (), 0.0, False, ()) for text in queries]
+        return [QueryExplanation(text, mode.name, (), (), (), 0.0, False, ())
+                for text in queries]
     bound = ranking.ppr.bound if ranking.ppr is not None else torch.zeros(q, dtype=torch.float64)
-    if mode == "hipporag1" and capture.v1_graph is not None and capture.v1_rows is not None \
-            and capture.v1_owner is not None:
+    if mode.linking == "entities" and capture.v1_graph is not None \
+            and capture.v1_rows is not None and capture.v1_owner is not None:
         graph = capture.v1_graph
         return explain_hipporag1(index, graph, solver_of(cfg, graph.adjacency, "v1"), queries,
                                  hits, query_entities or [[] for _ in queries], capture.v1_rows,
                                  capture.v1_owner, bound, ppr_dtype(cfg))
     cos = torch.cat(capture.cos_parts)  # [Q, P]
     if capture.cand is None or capture.e_pass is None:  # the dense ranking answered
-        return explain_dense(index, queries, hits, cos, mode)
+        return explain_dense(index, queries, hits, cos, mode.name)
     rows, scores, kept = capture.cand
     ppr = torch.cat(capture.ppr_parts) if capture.ppr_parts else None
     entity = None
@@ -308,20 +305,20 @@ def _score_slack(value: float, score_dtype: torch.dtype) -> float:
 
 
 def explain_graph(index: Index, solver: PPRSolver, inp: GraphQueries, cfg: RetrievalConfig,
-                  mode: str) -> list[QueryExplanation]:
+                  mode: Mode) -> list[QueryExplanation]:
     """Decompose the hits of hipporag2 / hybrid queries by (E1) and (E2) (module docstring).
 
     Args:
-        solver: `explain_solver` of ``index.adjacency``.
+        solver: the float64 solver of ``index.adjacency`` (SolverOf).
         inp: the chunk's queries, hits and what their search computed.
-        mode: "hipporag2" or "hybrid".
+        mode: HIPPORAG2 or HYBRID.
     """
-    hybrid = mode == "hybrid"
-    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
+    hybrid = mode.fusion
+    link_k = mode.link_k(cfg)
     n, c = index.num_nodes, len(inp.queries)
     dev = index.device
     reset = reset_vectors(index, inp.cand_rows, inp.cand_scores, inp.kept, inp.cos, cfg,
-                          hybrid=hybrid, dtype=torch.float64)  # [N, c], the search's own r
+                          mode=mode, dtype=torch.float64)  # [N, c], the search's own r
     seed_q, seed_p, _ = phrase_seeds(index, inp.cand_rows, inp.cand_scores.double(), inp.kept,
                                      link_k)
     sq, sp = seed_q.cpu().numpy(), seed_p.cpu().numpy()  # [S] query and phrase row of a seed
@@ -362,7 +359,8 @@ def explain_graph(index: Index, solver: PPRSolver, inp: GraphQueries, cfg: Retri
                                float(cand_scores[q, j]))
                       for j in range(cand_rows.shape[1]) if kept[q, j])
         if q not in graph_set:
-            out.append(_dense_answer(index, inp.queries[q], mode, inp.hits[q], cos[q], facts))
+            out.append(_dense_answer(index, inp.queries[q], mode.name, inp.hits[q], cos[q],
+                                      facts))
             continue
         gi = int(np.searchsorted(graph_q, q))
         nodes = sp[sq == q]
@@ -401,7 +399,7 @@ def explain_graph(index: Index, solver: PPRSolver, inp: GraphQueries, cfg: Retri
                                float(m[h.row]), float(cos[q, h.row]))
             hits.append(HitExplanation(h, value, tuple(contribs), dense, 0.0, bound, fu))
         seeds = _seeds(index, nodes, w, a_seed, facts, _facts_of(index, facts))
-        out.append(QueryExplanation(inp.queries[q], mode, tuple(hits), seeds, facts,
+        out.append(QueryExplanation(inp.queries[q], mode.name, tuple(hits), seeds, facts,
                                     a_prior, False, _phrases(index, seeds, hits)))
     return out
 
@@ -515,7 +513,7 @@ def explain_hipporag1(index: Index, graph: V1Graph, solver: PPRSolver, queries: 
     """Decompose HippoRAG 1 hits by (E3) (module docstring).
 
     Args:
-        graph: the Searcher's V1Graph; solver: `explain_solver` of ``graph.adjacency``.
+        graph: the Searcher's V1Graph; solver: the float64 solver of ``graph.adjacency``.
         query_entities: the entities of each query, as given; phrase_rows, owner: [E] the
             phrase each (flattened) entity was linked to and its query row, as rank linked them.
         score_bound: [c] the search's certified L1 bound of each query's PPR.

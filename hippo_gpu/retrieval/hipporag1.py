@@ -99,9 +99,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hippo_gpu.config import RetrievalConfig, solver_method
 from hippo_gpu.data import OpenIEDoc
-from hippo_gpu.device import ppr_dtype
 from hippo_gpu.indexing.graph import normalize_text
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.indexing.synonyms import (
@@ -117,7 +115,6 @@ __all__ = [
     "derived_passage_facts",
     "flatten_entities",
     "link_entities",
-    "make_solver",
     "passage_facts_from_openie",
     "passage_scores",
 ]
@@ -345,13 +342,6 @@ def build_v1_graph(index: Index, *,
     specificity = torch.where(counts > 0, 1.0 / counts.clamp_min(1), torch.ones_like(counts))
     return V1Graph(adjacency=adjacency, passage_phrase=passage_phrase, specificity=specificity,
                    weights=weights, passage_facts=source, synonym_pairs=n_syn)
-
-
-def make_solver(graph: V1Graph, cfg: RetrievalConfig) -> PPRSolver:
-    """The PPR solver of W for `cfg` (damping, dtype, tolerance, method), all M rows out."""
-    dtype = ppr_dtype(cfg)
-    return PPRSolver(graph.adjacency, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                     method=solver_method(cfg.ppr_method), max_iter=cfg.ppr_max_iter)
 
 
 def flatten_entities(query_entities: Sequence[Sequence[str]]) -> tuple[list[str], list[int]]:

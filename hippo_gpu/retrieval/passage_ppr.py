@@ -18,6 +18,7 @@ from hippo_gpu.ppr import PPRSolution, PPRSolver, default_tol
 from hippo_gpu.ppr.basis import solve_basis
 from hippo_gpu.ppr.linear import LinearPPR, LinearSolution
 from hippo_gpu.ppr.linear import available as linear_available
+from hippo_gpu.retrieval.modes import HIPPORAG2, Mode
 from hippo_gpu.retrieval.seeds import phrase_seeds, reset_vectors
 
 __all__ = ["iterate_chunk", "linear_ppr", "solve_linear_chunk"]
@@ -45,12 +46,11 @@ def linear_ppr(index: Index, cfg: RetrievalConfig) -> LinearPPR | None:
 
 def iterate_chunk(index: Index, solver: PPRSolver, cand_rows: Tensor, cand_scores: Tensor,
                   kept: Tensor, fallback: Tensor, cos: Tensor, cfg: RetrievalConfig, *,
-                  hybrid: bool = False,
-                  lap: Callable[[str], None] | None = None) -> PPRSolution:
+                  mode: Mode = HIPPORAG2, lap: Callable[[str], None] | None = None) -> PPRSolution:
     """PPR of a chunk's queries by the iteration on their [N, c] reset vectors (the columns of
     ``fallback`` queries get a placeholder seed: their PPR is discarded); ``lap("seeds")`` is
     called once the reset vectors exist."""
-    seeds = reset_vectors(index, cand_rows, cand_scores, kept, cos, cfg, hybrid=hybrid,
+    seeds = reset_vectors(index, cand_rows, cand_scores, kept, cos, cfg, mode=mode,
                           dtype=ppr_dtype(cfg))
     seeds[:, fallback] = 1.0
     if lap is not None:

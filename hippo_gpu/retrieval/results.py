@@ -4,8 +4,9 @@ recognition-memory filter protocol the Searcher accepts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -14,7 +15,8 @@ from hippo_gpu.data import Triple
 from hippo_gpu.ppr import ConvergenceError, PPRSolution
 from hippo_gpu.ppr.linear import LinearSolution
 
-__all__ = ["FactFilter", "FilterResult", "Hit", "PPRReport", "QueryFailure", "Ranking"]
+__all__ = ["FactFilter", "FilterResult", "Hit", "PPRReport", "QueryFailure", "Ranking",
+           "SeedTriple"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,18 @@ class Hit:
     score: float
     rank: int  # 0-based position in the ranking
     row: int  # passage row in the index (0..P-1): index.passage_texts[row] is its text
+
+
+class SeedTriple(NamedTuple):
+    """A fact whose phrases seeded a query's PPR (a `Triple`: it equals the tuple)."""
+
+    subject: str
+    predicate: str
+    object: str
+
+    def as_json(self) -> list[str]:
+        """[subject, predicate, object], as the HTTP and MCP answers carry it."""
+        return [self.subject, self.predicate, self.object]
 
 
 class FilterResult(Protocol):
@@ -52,6 +66,18 @@ class Ranking:
     seed_facts: Tensor | None = None  # [Q, L] int64 fact rows used as seeds (-1 = none)
     filter_outcome: FilterResult | None = None
     ppr: PPRReport | None = None  # the PPR certificates behind each query (None: no PPR ran)
+    fact_table: Sequence[Triple] = ()  # the index's facts, which seed_facts' rows index
+
+    @property
+    def seeds(self) -> list[list[SeedTriple]]:
+        """The seed facts of each query: the kept facts whose phrases seeded its PPR (empty
+        where the dense ranking answered, and in modes dense and hipporag1)."""
+        if self.seed_facts is None:
+            return [[] for _ in range(self.passage_rows.shape[0])]
+        rows = torch.where(self.dense_fallback.unsqueeze(1).to(self.seed_facts.device),
+                           torch.full_like(self.seed_facts, -1), self.seed_facts)
+        return [[SeedTriple(*self.fact_table[j]) for j in row if j >= 0]
+                for row in rows.cpu().tolist()]
 
     @property
     def failed(self) -> dict[int, str]:
@@ -129,18 +155,15 @@ class QueryFailure(ConvergenceError):
     Attributes:
         failures: {query row: why}.
         hits: the answers of every query, [] for a failed one.
-        seeds: the seed facts of every query (``return_seeds``), else None.
         explanations: `Searcher.explain`'s answer for every query (a failed one without
             hits), else None.
     """
 
     def __init__(self, failures: dict[int, str], hits: list[list[Hit]],
-                 seeds: list[list[Triple]] | None = None,
                  explanations: list[Any] | None = None) -> None:
         rows = sorted(failures)
         super().__init__(f"{len(rows)} of {len(hits)} queries failed (rows {rows[:10]}): "
                          f"{failures[rows[0]]}", rows)
         self.failures = failures
         self.hits = hits
-        self.seeds = seeds
         self.explanations = explanations

@@ -39,27 +39,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
-from hippo_gpu.config import MODES, RetrievalConfig, solver_method
-from hippo_gpu.data import Triple
-from hippo_gpu.device import ppr_dtype, set_threads
+from hippo_gpu.config import RetrievalConfig
+from hippo_gpu.device import set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
-from hippo_gpu.retrieval import hipporag1
 from hippo_gpu.retrieval.blockwise import scores_against, spans
+from hippo_gpu.retrieval.call import Clock, RankCall
 from hippo_gpu.retrieval.entities import heuristic_entities
-from hippo_gpu.retrieval.entity_ranker import Clock, EntityPaths, check_entities
-from hippo_gpu.retrieval.explain import Capture, explain_ranking, explain_solver
+from hippo_gpu.retrieval.entity_ranker import EntityRanker, check_entities
+from hippo_gpu.retrieval.explain import Capture, explain_ranking
 from hippo_gpu.retrieval.explanation import QueryExplanation
 from hippo_gpu.retrieval.hybrid import hybrid_fusion
+from hippo_gpu.retrieval.modes import mode_of
+from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
+from hippo_gpu.retrieval.query_encoder import QueryEncoder
 from hippo_gpu.retrieval.ranking import cat_topk, minmax_rows, topk_stable
 from hippo_gpu.retrieval.results import (
     FactFilter,
@@ -69,8 +69,8 @@ from hippo_gpu.retrieval.results import (
     QueryFailure,
     Ranking,
 )
-from hippo_gpu.retrieval.seeds import fact_topk, leading_block, plan_chunks, reset_vectors
-from hippo_gpu.storage.directory import IndexFormatError
+from hippo_gpu.retrieval.seeds import fact_topk, plan_chunks, reset_vectors
+from hippo_gpu.retrieval.solvers import SolverCache
 from hippo_gpu.versions.load import refresh_index
 
 __all__ = ["Searcher"]
@@ -95,8 +95,7 @@ def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
     return mask
 
 
-
-class Searcher(EntityPaths):
+class Searcher:
     """Answers batches of queries over one `Index`, on the index's device.
 
     Owns the query-time state: the query encoder (loaded on first use), the PPR solvers (one per
@@ -107,44 +106,31 @@ class Searcher(EntityPaths):
         index: the index to search (its device is the searcher's device).
         config: default retrieval settings (defaults reproduce upstream); `rank`/`retrieve`
             accept a per-call override.
-        query_precision: query encoder precision (default: the index's encoder precision, as
-            the index's device runs it: float32 for a float16 encoder off CUDA).
-        query_batch_size: query encoder batch size (default: the index's encoder setting).
-        query_backend: what runs the query encoder: "auto" (ONNX Runtime on a CPU when the
-            `onnx` extra is installed and its vectors pass the parity check against torch,
-            else torch), "torch" or "onnx". See hippo_gpu.embed.Encoder.
+        options: how queries run: the query encoder's precision, batch size, backend, server
+            URL and cache, and stage profiling (hippo_gpu.retrieval.options.SearcherOptions).
         encoder: an already loaded query encoder of the index's model to reuse.
-        cache_dir: embedding cache for the encoder (queries are not cached; entity texts are).
-        query_base_url: for an index built with a server encoder ("openai:MODEL"), the URL of
-            the server to query instead of the one the index recorded (None: the index's).
-        profile: synchronise CUDA between stages so `Ranking.stage_seconds` charges each stage
-            its own device work (benchmarks, eval); off by default, so a served GPU query pays
-            no syncs.
     """
 
-    def __init__(self, index: Index, config: RetrievalConfig | None = None, *,
-                 query_precision: str | None = None, query_batch_size: int | None = None,
-                 query_backend: str = "auto", encoder: Encoder | None = None,
-                 cache_dir: str | Path | None = None, profile: bool = False,
-                 query_base_url: str | None = None) -> None:
+    def __init__(self, index: Index, config: RetrievalConfig | None = None,
+                 options: SearcherOptions | None = None, *,
+                 encoder: Encoder | None = None) -> None:
         self.index = index
-        self.profile = profile
         self.config = config or RetrievalConfig()
+        self.options = o = options or SearcherOptions()
         enc = self.index.config.encoder
-        if query_base_url is not None and not enc.is_remote:
+        if o.query_base_url is not None and not enc.is_remote:
             raise ValueError(f"query_base_url is for an index built with a server encoder; "
                              f"this one was built with {enc.model!r}")
         self.encoder_config = replace(
-            enc, precision=query_precision or runnable_precision(enc.precision, index.device),
-            query_batch_size=query_batch_size or enc.query_batch_size,
-            backend=query_backend, base_url=query_base_url or enc.base_url)
-        self._query_encoder = encoder
-        self._cache_dir = cache_dir
-        self._solvers: dict[tuple[Any, ...], PPRSolver] = {}
-        self._hipporag1: hipporag1.V1Graph | None = None  # v1 graph, built on first use
-        self._incidences: dict[torch.dtype, Tensor] = {}  # passage-phrase incidence per dtype
+            enc, precision=o.query_precision or runnable_precision(enc.precision, index.device),
+            query_batch_size=o.query_batch_size or enc.query_batch_size,
+            backend=o.query_backend, base_url=o.query_base_url or enc.base_url)
+        self.query_encoder = QueryEncoder(self.encoder_config, index.device,
+                                          int(index.passage_emb.shape[1]),
+                                          cache_dir=o.cache_dir, loaded=encoder)
+        self._solvers = SolverCache()  # one per (graph, PPR settings), built on first use
+        self.entities = EntityRanker(index, self._solvers, self.query_encoder)
         self._linears: dict[float, LinearPPR] = {}  # hipporag2 by linearity, per damping
-        self._uncased: bool | None = None
 
     @property
     def device(self) -> torch.device:
@@ -160,45 +146,22 @@ class Searcher(EntityPaths):
     def over(self, index: Index) -> Searcher:
         """A searcher with this one's settings and query encoder over another version of the
         same index (a commit's, a refresh's)."""
-        enc = self.encoder_config
-        return Searcher(index, self.config, query_precision=enc.precision,
-                        query_batch_size=enc.query_batch_size, query_backend=enc.backend,
-                        encoder=self._query_encoder, cache_dir=self._cache_dir,
-                        profile=self.profile,
-                        query_base_url=enc.base_url if enc.is_remote else None)
+        return Searcher(index, self.config, self.options, encoder=self.query_encoder.loaded)
 
     @property
     def encoder(self) -> Encoder:
         """The query encoder (the index's own model), loaded on first use."""
-        if self._query_encoder is None:
-            # a server encoder checks every answer against the index's dimension
-            dim = int(self.index.passage_emb.shape[1]) if self.encoder_config.is_remote else None
-            enc = Encoder(self.encoder_config, self.device, cache_dir=self._cache_dir, dim=dim)
-            if enc.dim != self.index.passage_emb.shape[1]:
-                raise IndexFormatError(
-                    f"encoder {self.encoder_config.model!r} gives dim {enc.dim}, "
-                    f"the index holds dim {self.index.passage_emb.shape[1]}")
-            self._query_encoder = enc
-        return self._query_encoder
+        return self.query_encoder.encoder
 
     @property
     def loaded_encoder(self) -> Encoder | None:
         """The query encoder if it is loaded, else None (reading it loads nothing)."""
-        return self._query_encoder
+        return self.query_encoder.loaded
 
     @property
     def encoder_is_uncased(self) -> bool:
-        """Whether the query encoder's tokenizer lower-cases its input (checked on a probe), so
-        that a text and its lower-cased form get the same vector. False when unknown."""
-        if self._uncased is None:
-            tok = getattr(getattr(self.encoder, "model", None), "tokenizer", None)
-            probe = "Marta Quill Of HARROWGATE"
-            try:
-                self._uncased = tok is not None and \
-                    tok(probe)["input_ids"] == tok(probe.lower())["input_ids"]
-            except (TypeError, KeyError):
-                self._uncased = False
-        return self._uncased
+        """Whether the query encoder's tokenizer lower-cases its input (QueryEncoder.uncased)."""
+        return self.query_encoder.uncased
 
     def warm_up(self, modes: Sequence[str] = ("dense", "hipporag2")) -> None:
         """Load the encoder and build the solvers now, so the first real query does not wait."""
@@ -229,39 +192,16 @@ class Searcher(EntityPaths):
         e_fact = e_pass if same else self.encoder.encode_queries(queries, "query_to_fact").to(dev)
         return e_pass, e_fact
 
-    def _solver(self, cfg: RetrievalConfig, *, phrase_graph: bool = False) -> PPRSolver:
-        """The PPR solver of the whole graph (or the phrase-only graph), built on first use."""
+    def _solver(self, cfg: RetrievalConfig) -> PPRSolver:
+        """The PPR solver of the whole graph (passage rows out), built on first use."""
         index = self.index
-        dtype = ppr_dtype(cfg)
-        key = ("ppr", phrase_graph, cfg.damping, cfg.dtype, cfg.ppr_tol,
-               solver_method(cfg.ppr_method), cfg.ppr_max_iter)
-        solver = self._solvers.get(key)
-        if solver is None:
-            if phrase_graph:
-                m = len(index.phrases)
-                adj = leading_block(index.adjacency, m)
-                solver = PPRSolver(adj, damping=cfg.damping, dtype=dtype, tol=cfg.ppr_tol,
-                                   method=solver_method(cfg.ppr_method),
-                                   max_iter=cfg.ppr_max_iter)
-            else:
-                solver = PPRSolver(index.adjacency, damping=cfg.damping, dtype=dtype,
-                                   target_nodes=index.passage_nodes, tol=cfg.ppr_tol,
-                                   method=solver_method(cfg.ppr_method),
-                                   max_iter=cfg.ppr_max_iter)
-            self._solvers[key] = solver
-        return solver
+        return self._solvers.get("graph", cfg.ppr, lambda: index.adjacency,
+                                 target_nodes=index.passage_nodes)
 
-    @overload
-    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
-                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
-                 query_entities: Sequence[Sequence[str]] | None = ...,
-                 return_seeds: Literal[False] = ...) -> list[list[Hit]]: ...
-
-    @overload
-    def retrieve(self, queries: Sequence[str], *, top_k: int = ..., mode: str = ...,
-                 config: RetrievalConfig | None = ..., fact_filter: FactFilter | None = ...,
-                 query_entities: Sequence[Sequence[str]] | None = ...,
-                 return_seeds: Literal[True]) -> tuple[list[list[Hit]], list[list[Triple]]]: ...
+    def entity_scores(self, query_entities: Sequence[Sequence[str]],
+                      cfg: RetrievalConfig) -> tuple[Tensor, Tensor]:
+        """The hybrid mode's entity ranking of a whole batch (EntityRanker.scores)."""
+        return self.entities.scores(query_entities, cfg)
 
     def retrieve(
         self,
@@ -272,12 +212,11 @@ class Searcher(EntityPaths):
         config: RetrievalConfig | None = None,
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,
-        return_seeds: bool = False,
-    ) -> list[list[Hit]] | tuple[list[list[Hit]], list[list[Triple]]]:
+    ) -> list[list[Hit]]:
         """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
 
-        With `return_seeds=True` returns (hits, seed facts per query): the facts whose phrases
-        seeded PPR (empty for dense answers and the hipporag1 mode).
+        `rank` returns the same ranking as tensors, with the seed facts of each query
+        (`Ranking.seeds`); `to_hits` turns it into these Hits.
 
         Args:
             queries: Q query strings.
@@ -296,11 +235,8 @@ class Searcher(EntityPaths):
                             fact_filter=fact_filter, query_entities=query_entities)
         hits = self.to_hits(ranking)
         if ranking.failed:
-            raise QueryFailure(ranking.failed, hits,
-                               self.seed_facts(ranking) if return_seeds else None)
-        if not return_seeds:
-            return hits
-        return hits, self.seed_facts(ranking)
+            raise QueryFailure(ranking.failed, hits)
+        return hits
 
     def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str = "hipporag2",
                 config: RetrievalConfig | None = None,
@@ -321,26 +257,15 @@ class Searcher(EntityPaths):
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
                             query_entities=query_entities, capture=capture)
         hits = self.to_hits(ranking)
-        out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode, cfg,
-                              top_k, query_entities, self._explain_solver)
+        out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode_of(mode),
+                              cfg, top_k, query_entities, self._explain_solver)
         if ranking.failed:
             raise QueryFailure(ranking.failed, hits, explanations=out)
         return out
 
     def _explain_solver(self, cfg: RetrievalConfig, adjacency: Tensor, name: str) -> PPRSolver:
         """explain's float64 all-node solver of the index graph or the v1 phrase graph."""
-        key = ("explain", name, cfg.damping)
-        if key not in self._solvers:
-            self._solvers[key] = explain_solver(adjacency, cfg)
-        return self._solvers[key]
-
-    def seed_facts(self, ranking: Ranking) -> list[list[Triple]]:
-        """The seed facts of each query of a ranking (empty where the dense ranking answered)."""
-        if ranking.seed_facts is None:
-            return [[] for _ in range(ranking.passage_rows.shape[0])]
-        rows = torch.where(ranking.dense_fallback.unsqueeze(1).to(ranking.seed_facts.device),
-                           torch.full_like(ranking.seed_facts, -1), ranking.seed_facts)
-        return [[self.index.facts[j] for j in row if j >= 0] for row in rows.cpu().tolist()]
+        return self._solvers.get("explain-" + name, cfg.ppr.exact(), lambda: adjacency)
 
     def to_hits(self, ranking: Ranking) -> list[list[Hit]]:
         """Hits per query, best first ([] for a query in ``ranking.failed``)."""
@@ -378,8 +303,7 @@ class Searcher(EntityPaths):
         index = self.index
         cfg = config or self.config
         queries = _check_queries(queries)
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+        how = mode_of(mode)
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         set_threads()  # a server's worker thread computes as the process's count says
@@ -387,70 +311,70 @@ class Searcher(EntityPaths):
         if q == 0 or len(index.passage_keys) == 0:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
-        clock = Clock(index.device, sync=self.profile)
-        capture = capture or Capture(record=False)
-        if mode == "hipporag1":
-            return self._rank_hipporag1(queries, query_entities, top_k, cfg, clock, capture)
+        entities = 0
+        if how.linking == "entities" and query_entities is not None:
+            entities = sum(len(e) for e in query_entities)
+        call = RankCall(queries, top_k, how, cfg,
+                        plan_chunks(index, q, cfg, num_entities=entities),
+                        Clock(index.device, sync=self.options.profile),
+                        capture or Capture(record=False))
+        if how.linking == "entities":
+            return self.entities.rank_hipporag1(call, query_entities)
         e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
-        clock.lap("encode")
-        capture.e_pass = e_pass if capture.record else None
-        if mode == "dense" or len(index.facts) == 0:  # no facts: upstream answers dense
-            return self._rank_dense(e_pass, top_k, cfg, clock, capture)
-        return self._rank_graph(queries, e_pass, e_fact, top_k, mode == "hybrid", cfg, clock,
-                                fact_filter, query_entities, capture)
+        call.clock.lap("encode")
+        call.capture.e_pass = e_pass if call.capture.record else None
+        if how.linking == "none" or len(index.facts) == 0:  # no facts: upstream answers dense
+            return self._rank_dense(call, e_pass)
+        return self._rank_graph(call, e_pass, e_fact, fact_filter, query_entities)
 
-    def _rank_dense(self, e_pass: Tensor, top_k: int, cfg: RetrievalConfig,
-                    clock: Clock, capture: Capture) -> Ranking:
+    def _rank_dense(self, call: RankCall, e_pass: Tensor) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
-        q = e_pass.shape[0]
+        q, clock = e_pass.shape[0], call.clock
         parts = []
-        for a, b in spans(q, plan_chunks(self.index, q, cfg).query_cols):
-            dense = minmax_rows(capture.cos(self._passage_cos(e_pass[a:b])))  # [c, P]
+        for a, b in spans(q, call.plan.query_cols):
+            dense = minmax_rows(call.capture.cos(self._passage_cos(e_pass[a:b])))  # [c, P]
             clock.lap("dense")
-            parts.append(topk_stable(dense, top_k))
+            parts.append(topk_stable(dense, call.top_k))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
         return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
 
-    def _candidate_facts(self, queries: list[str], e_fact: Tensor, link_k: int,
-                         cfg: RetrievalConfig, clock: Clock, fact_filter: FactFilter | None
+    def _candidate_facts(self, call: RankCall, e_fact: Tensor, fact_filter: FactFilter | None
                          ) -> tuple[Tensor, Tensor, Tensor, FilterResult | None]:
         """([Q, L] best facts' min-max scaled cosine, their rows, which are kept, the filter's
         outcome): fact blocks within the budget, then the optional recognition filter."""
-        plan = plan_chunks(self.index, len(queries), cfg)
-        cand_scores, cand_rows = fact_topk(e_fact, self.index.fact_emb, link_k, plan.fact_rows)
-        clock.lap("facts")
+        link_k = call.mode.link_k(call.cfg)
+        cand_scores, cand_rows = fact_topk(e_fact, self.index.fact_emb, link_k,
+                                           call.plan.fact_rows)
+        call.clock.lap("facts")
         kept = torch.ones_like(cand_rows, dtype=torch.bool)
         outcome = None
         if fact_filter is not None:
-            outcome = self._apply_filter(queries, cand_rows, fact_filter)
+            outcome = self._apply_filter(call.queries, cand_rows, fact_filter)
             kept = _kept_mask(outcome, cand_rows.shape, link_k).to(self.index.device)
-            clock.lap("filter")
+            call.clock.lap("filter")
         return cand_scores, cand_rows, kept, outcome
 
-    def _rank_graph(self, queries: list[str], e_pass: Tensor, e_fact: Tensor, top_k: int,
-                    hybrid: bool, cfg: RetrievalConfig, clock: Clock,
+    def _rank_graph(self, call: RankCall, e_pass: Tensor, e_fact: Tensor,
                     fact_filter: FactFilter | None,
-                    query_entities: Sequence[Sequence[str]] | None,
-                    capture: Capture) -> Ranking:
+                    query_entities: Sequence[Sequence[str]] | None) -> Ranking:
         """hipporag2 / hybrid: kept facts -> reset vectors -> PPR (-> fusion), per chunk."""
-        index, q = self.index, len(queries)
-        link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-        cand_scores, cand_rows, kept, outcome = self._candidate_facts(
-            queries, e_fact, link_k, cfg, clock, fact_filter)
+        index, q, mode, cfg = self.index, len(call.queries), call.mode, call.cfg
+        clock, capture = call.clock, call.capture
+        cand_scores, cand_rows, kept, outcome = self._candidate_facts(call, e_fact, fact_filter)
         fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
         linked = None  # hybrid: every entity of the batch linked once, ranked per chunk below
-        if hybrid and cfg.hybrid_entity_weight > 0:
+        if mode.links_entities(cfg):
             if query_entities is None:
-                query_entities = heuristic_entities(queries)
-            check_entities(queries, query_entities)
-            linked = self._link_entities(query_entities, cfg)
+                query_entities = heuristic_entities(call.queries)
+            check_entities(call.queries, query_entities)
+            linked = self.entities.link(query_entities, cfg)
             clock.lap("entities")
         report = PPRReport.empty(q)
         query_rows = torch.arange(q)
         parts = []
-        linear = None if hybrid else self._linear(cfg)
-        for a, b in spans(q, plan_chunks(index, q, cfg).query_cols):  # [c, P], [N, c]
+        linear = self._linear(cfg) if mode.prior == "minmax" else None
+        for a, b in spans(q, call.plan.query_cols):  # [c, P], [N, c]
             cos = capture.cos(self._passage_cos(e_pass[a:b]))  # [c, P] query-passage cosine
             clock.lap("dense")
             rows = query_rows[a:b].masked_fill(fallback[a:b].cpu(), -1)
@@ -463,22 +387,22 @@ class Searcher(EntityPaths):
             else:  # [N, c] reset vectors
                 solution = iterate_chunk(index, self._solver(cfg), cand_rows[a:b],
                                          cand_scores[a:b], kept[a:b], fallback[a:b], cos, cfg,
-                                         hybrid=hybrid, lap=clock.lap)
+                                         mode=mode, lap=clock.lap)
                 clock.lap("ppr")
             report.record(solution, rows)
-            capture.ppr(solution.scores.T if hybrid else None)
-            final = self._graph_scores(solution.scores.T, cos, hybrid, linked, a, b, cfg, report,
-                                       capture)
-            if hybrid:
+            capture.ppr(solution.scores.T if mode.fusion else None)
+            final = self._graph_scores(call, solution.scores.T, cos, linked, a, b, report)
+            if mode.fusion:
                 clock.lap("entities")
             final = torch.where(fallback[a:b].unsqueeze(1), minmax_rows(cos).to(final.dtype),
                                 final)
-            parts.append(topk_stable(final, top_k))
+            parts.append(topk_stable(final, call.top_k))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
         capture.facts(cand_rows, cand_scores, kept)
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
-        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report)
+        return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report,
+                       fact_table=index.facts)
 
     def _linear(self, cfg: RetrievalConfig) -> LinearPPR | None:
         """hipporag2's PPR by linearity for ``cfg`` (passage_ppr.linear_ppr), built once per
@@ -492,21 +416,21 @@ class Searcher(EntityPaths):
                 self._linears[cfg.damping] = linear
         return linear
 
-    def _graph_scores(self, ppr: Tensor, cos: Tensor, hybrid: bool,
+    def _graph_scores(self, call: RankCall, ppr: Tensor, cos: Tensor,
                       linked: tuple[Tensor, Tensor] | None, a: int, b: int,
-                      cfg: RetrievalConfig, report: PPRReport, capture: Capture) -> Tensor:
+                      report: PPRReport) -> Tensor:
         """[c, P] final scores of query columns a..b-1 from their PPR at the passage nodes:
         the raw PPR (hipporag2), or its fusion with the dense and entity rankings (hybrid)."""
-        if not hybrid:
+        if not call.mode.fusion:
             return ppr.float() if ppr.dtype == torch.float32 else ppr
         entity = None
         if linked is not None:
-            doc, has_ent, phrase_solution = self._entity_doc(*linked, a, b, cfg)
-            entity = capture.entity((doc, has_ent))
+            doc, has_ent, phrase_solution = self.entities.doc(*linked, a, b, call.cfg)
+            entity = call.capture.entity((doc, has_ent))
             if phrase_solution is not None:
                 report.record(phrase_solution,
                               torch.arange(a, b).masked_fill(~has_ent.cpu(), -1))
-        return hybrid_fusion(ppr.float(), cos, cfg, entity)
+        return hybrid_fusion(ppr.float(), cos, call.cfg, entity)
 
     def _passage_cos(self, query_emb: Tensor) -> Tensor:
         """[c, D] query vectors -> [c, P] float32 query-passage cosine (blockwise GEMM)."""

@@ -15,6 +15,7 @@ from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.device import ppr_dtype
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.blockwise import ROW_ALIGN, block_rows, panel_slabs, scores_against, spans
+from hippo_gpu.retrieval.modes import HIPPORAG2, Mode
 from hippo_gpu.retrieval.ranking import minmax_rows, scale_rows, topk_stable
 
 __all__ = ["ChunkPlan", "fact_topk", "leading_block", "phrase_seeds", "plan_chunks",
@@ -251,22 +252,23 @@ def phrase_seeds(
 
 
 def reset_vectors(index: Index, cand_rows: Tensor, cand_scores: Tensor, kept: Tensor,
-                  cos: Tensor, cfg: RetrievalConfig, *, hybrid: bool = False,
+                  cos: Tensor, cfg: RetrievalConfig, *, mode: Mode = HIPPORAG2,
                   dtype: torch.dtype = torch.float32) -> Tensor:
     """The [N, Q] PPR reset vectors: phrase seeds from the kept facts plus a passage part.
 
-    hipporag2 (upstream §3.3.6): r = w_phrase + passage_node_weight * minmax(cos) at passages.
-    hybrid: r = w_phrase / 1ᵀw_phrase + hybrid_passage_node_weight * softmax(T * cos).
+    prior "minmax" (hipporag2, upstream §3.3.6): r = w_phrase + passage_node_weight *
+    minmax(cos) at passages.
+    prior "softmax" (hybrid): r = w_phrase / 1ᵀw_phrase + hybrid_passage_node_weight *
+    softmax(T * cos).
 
     Args:
         cand_rows, cand_scores, kept: [Q, L] candidate facts, min-max scores, kept mask.
         cos: [Q, P] query-passage cosine.
     """
-    link_k = cfg.hybrid_linking_top_k if hybrid else cfg.linking_top_k
-    sq, sp, sw = phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, link_k)
+    sq, sp, sw = phrase_seeds(index, cand_rows, cand_scores.to(dtype), kept, mode.link_k(cfg))
     seeds = torch.zeros((index.num_nodes, cand_rows.shape[0]), dtype=dtype, device=cos.device)
     seeds.index_put_((sp, sq), sw.to(dtype), accumulate=True)
-    if hybrid:  # phrase part sums to 1; passage prior: a sharp softmax over cosine
+    if mode.prior == "softmax":  # phrase part sums to 1; passage prior: a sharp softmax over cosine
         seeds /= seeds.sum(dim=0, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
         prior = torch.softmax(cfg.hybrid_temperature * cos.to(dtype), dim=1)
         seeds[index.passage_nodes] += (cfg.hybrid_passage_node_weight * prior).T

@@ -18,13 +18,14 @@ may send a spec with device "cuda" to a GPU replica).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
-from hippo_gpu.config import ENCODER_BACKENDS, MODES, PRECISIONS, EncoderConfig, RetrievalConfig
+from hippo_gpu.config import MODES, PRECISIONS, EncoderConfig, RetrievalConfig
 from hippo_gpu.device import check_device, resolve_device, set_threads
 from hippo_gpu.indexing.index import Index
+from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.versions.load import load_index
 
@@ -43,10 +44,9 @@ class SearcherSpec:
         device: "auto", "cpu", "cuda" or e.g. "cuda:1" (resolved by hippo_gpu.device at open).
         precision: dtype of the index's embeddings on the device, hence of its cosines
             (hippo_gpu.config.PRECISIONS; load_index(precision=...)).
-        query_precision: the query encoder's precision (PRECISIONS; None: the index's encoder
-            precision as the device runs it; Searcher(query_precision=...)).
-        query_backend: what runs the query encoder (hippo_gpu.config.ENCODER_BACKENDS;
-            Searcher(query_backend=...)).
+        options: how the searcher runs its queries: query encoder precision, batch size,
+            backend and cache (hippo_gpu.retrieval.options.SearcherOptions; its server URL is
+            `encoder_model`'s, below).
         threads: torch CPU threads, set when the spec is opened (None keeps torch's).
         warm_up: modes ranked once at open so the first query does not pay for loading the
             encoder and building the solvers: True for DEFAULT_WARM_UP, False (or ()) for none,
@@ -55,36 +55,31 @@ class SearcherSpec:
         encoder_model: the encoder the caller means to query with, spelt as the command line
             spells it; opening an index built with another raises IndexFormatError
             (load_index(encoder=...)). A server encoder "openai:MODEL@URL" must name the index's
-            MODEL and queries go to URL (Searcher(query_base_url=...)).
-        cache_dir: the query encoder's embedding cache (Searcher(cache_dir=...)).
+            MODEL and queries go to URL (SearcherOptions.query_base_url).
     """
 
     index: Path
     device: str = "auto"
     precision: str = "float32"
-    query_precision: str | None = None
-    query_backend: str = "auto"
+    options: SearcherOptions = field(default_factory=SearcherOptions)
     threads: int | None = None
     warm_up: bool | Sequence[str] = False
     config: RetrievalConfig = field(default_factory=RetrievalConfig)
     encoder_model: str | None = None
-    cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.index, (str, Path)) or not str(self.index):
             raise ValueError(f"index must be an index directory path, got {self.index!r}")
         object.__setattr__(self, "index", Path(self.index))
-        if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         check_device(self.device)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.query_precision is not None and self.query_precision not in PRECISIONS:
-            raise ValueError(f"query_precision must be None or one of {PRECISIONS}, "
-                             f"got {self.query_precision!r}")
-        if self.query_backend not in ENCODER_BACKENDS:
-            raise ValueError(f"query_backend must be one of {ENCODER_BACKENDS}, "
-                             f"got {self.query_backend!r}")
+        if not isinstance(self.options, SearcherOptions):
+            raise ValueError(f"options must be a SearcherOptions, "
+                             f"got {type(self.options).__name__}")
+        if self.options.query_base_url is not None:
+            raise ValueError("options.query_base_url: name the server in encoder_model "
+                             "('openai:MODEL@URL')")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be None or >= 1, got {self.threads!r}")
         if not isinstance(self.config, RetrievalConfig):
@@ -130,9 +125,7 @@ class SearcherSpec:
                                encoder=model)
         else:
             self._check_loaded(index)
-        searcher = Searcher(index, self.config, query_precision=self.query_precision,
-                            query_backend=self.query_backend, cache_dir=self.cache_dir,
-                            query_base_url=url)
+        searcher = Searcher(index, self.config, replace(self.options, query_base_url=url))
         if self.warm_up_modes:
             searcher.warm_up(self.warm_up_modes)
         return searcher

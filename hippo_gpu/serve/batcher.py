@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")  # one query, as the batched function takes it
 R = TypeVar("R")  # one query's result
+K = TypeVar("K", bound=Hashable)  # a batch key: only queries of equal keys share a batch
 
 # Latency quantiles are taken over the most recent requests only, so memory stays bounded.
 _LATENCY_WINDOW = 10_000
@@ -105,14 +106,14 @@ class BatcherStats:
 
 
 @dataclass(eq=False)
-class _Request(Generic[T, R]):
+class _Request(Generic[T, K, R]):
     queries: list[T]
-    key: Hashable
+    key: K
     future: asyncio.Future[list[R]]
     enqueued: float = field(default_factory=time.monotonic)
 
 
-class MicroBatcher(Generic[T, R]):
+class MicroBatcher(Generic[T, K, R]):
     """Coalesces concurrent `submit` calls into batched calls of `run(queries, key)`.
 
     `run(queries, key)` must return one result per query, in order, and each query's result must
@@ -130,7 +131,7 @@ class MicroBatcher(Generic[T, R]):
 
     def __init__(
         self,
-        run: Callable[[list[T], Hashable], Sequence[R]],
+        run: Callable[[list[T], K], Sequence[R]],
         config: BatcherConfig,
         on_batch: Callable[[int, float], None] | None = None,
         session: Callable[[], AbstractContextManager[object]] | None = None,
@@ -140,10 +141,10 @@ class MicroBatcher(Generic[T, R]):
         self.config = config
         # Called on the event loop after each batch that returned: (queries, seconds on the worker).
         self._on_batch = on_batch
-        self._pending: deque[_Request[T, R]] = deque()
+        self._pending: deque[_Request[T, K, R]] = deque()
         self._queued = 0  # queries in self._pending (cancelled requests included until dropped)
         self._in_flight = 0
-        self._current: list[_Request[T, R]] = []  # the batch on the worker now
+        self._current: list[_Request[T, K, R]] = []  # the batch on the worker now
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -179,7 +180,7 @@ class MicroBatcher(Generic[T, R]):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
 
-    async def __aenter__(self) -> MicroBatcher[T, R]:
+    async def __aenter__(self) -> MicroBatcher[T, K, R]:
         await self.start()
         return self
 
@@ -193,7 +194,7 @@ class MicroBatcher(Generic[T, R]):
 
     # requests ----------------------------------------------------------------------------------
 
-    async def submit(self, queries: Sequence[T], key: Hashable) -> list[R]:
+    async def submit(self, queries: Sequence[T], key: K) -> list[R]:
         """Queue `queries` under `key` and wait for their results (one per query, in order).
 
         Raises:
@@ -293,20 +294,20 @@ class MicroBatcher(Generic[T, R]):
         while self._pending and self._pending[0].future.done():
             self._queued -= len(self._pending.popleft().queries)
 
-    def _fill(self, key: Hashable) -> int:
+    def _fill(self, key: K) -> int:
         """Queries waiting under `key` (cancelled requests excluded)."""
         return sum(len(r.queries) for r in self._pending if r.key == key and not r.future.done())
 
-    def _take(self, key: Hashable) -> list[_Request[T, R]]:
+    def _take(self, key: K) -> list[_Request[T, K, R]]:
         """Remove and return the oldest requests under `key` that fit in one batch.
 
         Requests are taken in arrival order and the first one that does not fit stops the scan, so
         requests with one key are served first-in first-out. A single request larger than
         `max_batch` is taken alone.
         """
-        batch: list[_Request[T, R]] = []
+        batch: list[_Request[T, K, R]] = []
         size = 0
-        keep: deque[_Request[T, R]] = deque()
+        keep: deque[_Request[T, K, R]] = deque()
         full = False
         for r in self._pending:
             if r.future.done():  # cancelled while waiting
@@ -324,7 +325,7 @@ class MicroBatcher(Generic[T, R]):
         self._queued -= size
         return batch
 
-    async def _execute(self, batch: list[_Request[T, R]]) -> None:
+    async def _execute(self, batch: list[_Request[T, K, R]]) -> None:
         loop = asyncio.get_running_loop()
         key = batch[0].key
         queries = [q for r in batch for q in r.queries]
@@ -347,7 +348,7 @@ class MicroBatcher(Generic[T, R]):
             self._in_flight = 0
             self._current = []
 
-    async def _execute_alone(self, r: _Request[T, R]) -> None:
+    async def _execute_alone(self, r: _Request[T, K, R]) -> None:
         if r.future.done():
             return
         loop = asyncio.get_running_loop()
@@ -360,7 +361,7 @@ class MicroBatcher(Generic[T, R]):
             return
         self._deliver([r], results, time.monotonic() - started)
 
-    def _call(self, queries: list[T], key: Hashable) -> list[R]:
+    def _call(self, queries: list[T], key: K) -> list[R]:
         """Worker thread: run `queries` in chunks of at most `max_batch`; check the output size."""
         step = self.config.max_batch
         out: list[R] = []
@@ -375,7 +376,7 @@ class MicroBatcher(Generic[T, R]):
                 out.extend(res)
         return out
 
-    def _deliver(self, batch: list[_Request[T, R]], results: list[R], seconds: float) -> None:
+    def _deliver(self, batch: list[_Request[T, K, R]], results: list[R], seconds: float) -> None:
         now = time.monotonic()
         self._batches_served += 1
         self._queries_served += len(results)
@@ -394,7 +395,7 @@ class MicroBatcher(Generic[T, R]):
                 self._latencies_s.append(now - r.enqueued)
             start = stop
 
-    def _fail(self, r: _Request[T, R], e: Exception) -> None:
+    def _fail(self, r: _Request[T, K, R], e: Exception) -> None:
         self._requests_failed += 1
         if not r.future.done():
             r.future.set_exception(e)

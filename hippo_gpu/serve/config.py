@@ -9,17 +9,29 @@ characters per request in their schema; body bytes and writes per second enforce
 413 beyond it, MCP a tool error). `ServerConfig` holds them beside what only HTTP has: how many
 queries one request may carry, the micro-batcher's limits, the bearer token, the Host names a
 server without a token answers, and whether /mcp is served.
+
+`ServeOptions` is how `hippo-gpu serve` starts a server around a `ServerConfig`: the indexes to
+open, the address, writes, the LLM, and Ray Serve's replicas (`RayServeOptions`) or none. The
+command builds it once from its options and hands it to what starts the server: uvicorn
+(cli/serve.py) or Ray Serve (hippo_gpu.distributed.ray_serve).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hippo_gpu.serve.batcher import BatcherConfig
 from hippo_gpu.serve.write_limits import WriteLimits
 
-__all__ = ["LOOPBACK_HOSTS", "CostLimits", "QueryLimits", "ServerConfig", "WriteLimits"]
+if TYPE_CHECKING:
+    from hippo_gpu.retrieval.spec import SearcherSpec
+
+__all__ = ["LOOPBACK_HOSTS", "CostLimits", "QueryLimits", "RayServeOptions", "ServeOptions",
+           "ServerConfig", "WriteLimits"]
 
 # The Host names (any port) a server without a token answers by default (serve/guards.HostGuard).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -133,6 +145,60 @@ class ServerConfig:
         per_query = 12 * lim.max_query_chars + 64
         per_entity_list = lim.max_entities_per_query * (12 * lim.max_entity_chars + 64) + 64
         return self.max_queries_per_request * (per_query + per_entity_list) + 4_096
+
+
+@dataclass(frozen=True)
+class RayServeOptions:
+    """`serve --ray`: the cluster to join and the replicas to run (each opens the one index).
+
+    Attributes:
+        address: "local" starts Ray here; "auto" or HOST:PORT joins a cluster.
+        replicas: Ray Serve replicas, each holding one loaded index.
+        cpus_per_replica, gpus_per_replica: the Ray resources one replica reserves (its torch
+            threads: the index spec's, else these CPUs rounded, at least 1).
+    """
+
+    address: str
+    replicas: int = 1
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `hippo-gpu serve` starts a server: built once from the command's options, handed to
+    what starts it (uvicorn here, or Ray Serve replicas).
+
+    Attributes:
+        indexes: name -> how to open that index (device, precisions, threads, warm-up, query
+            encoder), in serving order: the first is the default.
+        server: what every transport enforces, and the token (ServerConfig).
+        host, port: the address to bind (with Ray: Serve's HTTP proxy's).
+        log_level: uvicorn's log level.
+        writable: serve POST / DELETE /v1/passages on each index (the server needs a token).
+        llm: the LLM spec (None: none): writes IRCoT thoughts and, when writable, extracts
+            OpenIE for passages posted without triples.
+        ircot_prompt: the IRCoT prompt file (None: the dataset's prompt).
+        dataset: the dataset whose IRCoT prompt to use (None: the generic one).
+        ircot_passages: passages shown to the LLM per thought (None: all top_k).
+        ray: serve on Ray Serve replicas; None serves here, under uvicorn.
+    """
+
+    indexes: Mapping[str, SearcherSpec]
+    server: ServerConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+    writable: bool = False
+    llm: str | None = None
+    ircot_prompt: Path | None = None
+    dataset: str | None = None
+    ircot_passages: int | None = None
+    ray: RayServeOptions | None = None
+
+    def __post_init__(self) -> None:
+        if not self.indexes:
+            raise ValueError("serve at least one index")
 
 
 def _check_positive(name: str, value: int) -> None:

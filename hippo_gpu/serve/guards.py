@@ -172,7 +172,6 @@ def _authorized(scope: Scope, expected: bytes) -> bool:
     return bool(given) and hmac.compare_digest(given, expected)
 
 
-
 class WriteRate:
     """A token bucket: `burst` requests at once, refilled at `per_second`; thread-safe."""
 

@@ -51,7 +51,7 @@ from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import CostLimits, QueryLimits
 from hippo_gpu.serve.ircot import answer_ircot, trace
-from hippo_gpu.serve.service import RetrievalService, UnknownIndexError
+from hippo_gpu.serve.service import Answer, RetrievalService, UnknownIndexError
 
 __all__ = ["MountedMCP", "build_mcp_server", "mount_streamable_http", "serve_stdio"]
 
@@ -100,63 +100,109 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
     `reasoner` also `retrieve_ircot`, its max_steps at most `max_ircot_steps`. Each call must fit
     the work budget `cost` (default: `CostLimits()`)."""
     limits = limits or QueryLimits()
-    budget = cost or CostLimits()
-    names = service.names
     server: MCPServer = MCPServer(
         "hippo-gpu", instructions=_INSTRUCTIONS, log_level="WARNING",
         warn_on_duplicate_tools=False)  # fmt: skip
-    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
-    query_text = Annotated[str, Field(min_length=1, max_length=limits.max_query_chars,
-                                      description="the question")]  # fmt: skip
-    top_k_type = Annotated[int, Field(ge=1, le=limits.max_top_k,
-                                      description="passages to return")]  # fmt: skip
-    entity = Annotated[str, Field(min_length=1, max_length=limits.max_entity_chars)]
-    entities_type = Annotated[
-        list[entity] | None,
-        Field(max_length=limits.max_entities_per_query,
-              description="named entities of the question: required by hipporag1, used by "
-                          "hybrid (else capitalised spans), ignored by dense and hipporag2"),
-    ]
-    index_type = Annotated[
-        str | None,
-        Field(max_length=64, description=f"index to search, one of {names} (default: "
-                                         f"{service.default!r})"),
-    ]
-    mode_type = Annotated[Literal[MODES], Field(description="retrieval mode")]  # type: ignore[valid-type]
-    steps_type = Annotated[int, Field(ge=1, le=max_ircot_steps, description=(
-        "retrievals at most: the question's own, then one per thought"))]
+    types = _arg_types(limits, service.names, service.default, max_ircot_steps)
+    one_query = _OneQuery(service, cost or CostLimits(), reasoner)
+    _add_query_tools(server, one_query, types, limits, max_ircot_steps,
+                     ircot=reasoner is not None)
+    _add_index_tools(server, service)
+    return server
 
-    async def one_query(query: str, top_k: int, mode: str, index: str | None,
-                        entities: list[str] | None, *, explain: bool = False,
-                        ircot_steps: int | None = None) -> tuple[str, Any, IRCoTResult | None]:
-        """(index name, answer, IRCoT result when `ircot_steps`) of one tool call's query;
-        failures as ToolError."""
+
+# What a tool caller reads for the failures every query tool shares (one mapping for all).
+_SHARED_ERRORS = (UnknownIndexError, OverBudgetError, QueueFullError, BatcherClosedError)
+
+
+def _tool_error(e: Exception) -> ToolError:
+    """The tool error of a failure any query tool may meet: an unknown index or a call over
+    the budget says why; a full queue asks to retry; a closing server says so."""
+    if isinstance(e, QueueFullError):
+        return ToolError("server busy: queue full; retry in a second")
+    if isinstance(e, BatcherClosedError):
+        return ToolError("server shutting down")
+    return ToolError(str(e))
+
+
+class _ArgTypes(NamedTuple):
+    """The query tools' argument types: they carry this server's limits, and the SDK builds
+    each tool's input schema from them."""
+
+    query: Any
+    top_k: Any
+    entities: Any
+    index: Any
+    mode: Any
+    steps: Any
+
+
+def _arg_types(limits: QueryLimits, names: list[str], default: str,
+               max_ircot_steps: int) -> _ArgTypes:
+    entity = Annotated[str, Field(min_length=1, max_length=limits.max_entity_chars)]
+    return _ArgTypes(
+        query=Annotated[str, Field(min_length=1, max_length=limits.max_query_chars,
+                                   description="the question")],
+        top_k=Annotated[int, Field(ge=1, le=limits.max_top_k, description="passages to return")],
+        entities=Annotated[
+            list[entity] | None,
+            Field(max_length=limits.max_entities_per_query,
+                  description="named entities of the question: required by hipporag1, used by "
+                              "hybrid (else capitalised spans), ignored by dense and hipporag2"),
+        ],
+        index=Annotated[
+            str | None,
+            Field(max_length=64, description=f"index to search, one of {names} (default: "
+                                             f"{default!r})"),
+        ],
+        mode=Annotated[Literal[MODES], Field(description="retrieval mode")],  # type: ignore[valid-type]
+        steps=Annotated[int, Field(ge=1, le=max_ircot_steps, description=(
+            "retrievals at most: the question's own, then one per thought"))],
+    )
+
+
+class _OneQuery:
+    """One tool call's query through the service: its arguments checked, admitted to the work
+    budget, answered (by IRCoT with `ircot_steps`); every failure comes back as a ToolError."""
+
+    def __init__(self, service: RetrievalService, budget: CostLimits,
+                 reasoner: ThoughtSource | None) -> None:
+        self.service, self.budget, self.reasoner = service, budget, reasoner
+
+    async def __call__(self, query: str, top_k: int, mode: str, index: str | None,
+                       entities: list[str] | None, *, explain: bool = False,
+                       ircot_steps: int | None = None) -> tuple[str, Answer, IRCoTResult | None]:
+        """(index name, answer, IRCoT result when `ircot_steps`)."""
         _check_arguments(query, mode, entities)
+        service = self.service
         ents = None if entities is None else [entities]
         result = None
         try:
             served = service.get(index)
-            service.admit(budget, [query], top_k=top_k, mode=mode, entities=ents,
+            service.admit(self.budget, [query], top_k=top_k, mode=mode, entities=ents,
                           index=served.name, explain=explain, steps=ircot_steps or 1)
             if ircot_steps is None:
                 answers = await service.retrieve(
                     [query], top_k=top_k, mode=mode, index=served.name, entities=ents,
                     transport="mcp", explain=explain)
             else:
-                assert reasoner is not None  # the tool is registered only with one
+                assert self.reasoner is not None  # the tool is registered only with one
                 answers, results = await answer_ircot(
-                    service, reasoner, [query], top_k=top_k, mode=mode, max_steps=ircot_steps,
-                    entities=ents, index=served.name, transport="mcp")
+                    service, self.reasoner, [query], top_k=top_k, mode=mode,
+                    max_steps=ircot_steps, entities=ents, index=served.name, transport="mcp")
                 result = results[0]
-        except (UnknownIndexError, OverBudgetError) as e:
-            raise ToolError(str(e)) from e
-        except QueueFullError as e:
-            raise ToolError("server busy: queue full; retry in a second") from e
-        except BatcherClosedError as e:
-            raise ToolError("server shutting down") from e
+        except _SHARED_ERRORS as e:
+            raise _tool_error(e) from e
         if answers[0].error is not None:
             raise ToolError(f"retrieval failed: {answers[0].error}")
         return served.name, answers[0], result
+
+
+def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
+                     limits: QueryLimits, max_ircot_steps: int, *, ircot: bool) -> None:
+    """The tools `retrieve` and `explain`, and `retrieve_ircot` when `ircot`."""
+    query_text, top_k_type, entities_type, index_type, mode_type, steps_type = types
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
     async def retrieve(
         query: query_text,  # type: ignore[valid-type]
@@ -198,6 +244,17 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
         return IRCoTOut(index=name, version=answer.version, mode=mode,
                         hits=[HitOut(**h) for h in answer.hits], **trace(result))
 
+    server.tool(name="retrieve", annotations=read_only, structured_output=True)(retrieve)
+    server.tool(name="explain", annotations=read_only)(explain)
+    if ircot:  # an LLM writes the thoughts: not read-only in the hint's sense
+        server.tool(name="retrieve_ircot", structured_output=True,
+                    annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True)
+                    )(retrieve_ircot)
+
+
+def _add_index_tools(server: MCPServer, service: RetrievalService) -> None:
+    """The tool `stats` and the resource passage://{key}."""
+
     async def stats() -> dict[str, Any]:
         """The served indexes: counts, version, memory and batching statistics."""
         out = []
@@ -215,17 +272,11 @@ def build_mcp_server(service: RetrievalService, limits: QueryLimits | None = Non
             raise ResourceNotFoundError(f"no served index holds passage {key[:80]!r}")
         return json.dumps(found, ensure_ascii=False)
 
-    server.tool(name="retrieve", annotations=read_only, structured_output=True)(retrieve)
-    server.tool(name="explain", annotations=read_only)(explain)
-    if reasoner is not None:  # an LLM writes the thoughts: not read-only in the hint's sense
-        server.tool(name="retrieve_ircot", structured_output=True,
-                    annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True)
-                    )(retrieve_ircot)
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     server.tool(name="stats", annotations=read_only)(stats)
     server.resource("passage://{key}", name="passage", mime_type="application/json",
                     description="one indexed passage by key: title, text and the indexes that "
                                 "hold it")(passage)  # fmt: skip
-    return server
 
 
 def _check_arguments(query: str, mode: str, entities: list[str] | None) -> None:

@@ -344,8 +344,6 @@ class PassageHit(BaseModel):
     rank: int = Field(ge=0, description="0-based position in the ranking")
 
 
-
-
 class IRCoTTrace(BaseModel):
     thoughts: list[str] = Field(description="the LLM's thoughts, in order")
     steps: int = Field(ge=1, description="the query's own retrieval and one per thought")

@@ -97,6 +97,7 @@ from hippo_gpu.serve.guards import (
     bearer_auth,
     rate_limited,
 )
+from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.ircot import answer_ircot, trace
 from hippo_gpu.serve.metrics import (
     CONTENT_TYPE,
@@ -124,13 +125,15 @@ from hippo_gpu.serve.schema import (
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
+    Answer,
     RetrievalService,
     ServedIndex,
+    UnknownIndexError,
     answered_version,
     check_index_name,
 )
 from hippo_gpu.serve.ui import add_ui_routes
-from hippo_gpu.serve.writes import SearcherHolder, write_router
+from hippo_gpu.serve.writes import write_router
 
 if TYPE_CHECKING:
     from hippo_gpu.retrieval.ircot import ThoughtSource
@@ -150,8 +153,9 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
 
     `searcher` is one searcher (served as index "default") or a mapping name -> searcher for
     several indexes (the first is the default; each gets its own micro-batcher). Pass a
-    `SearcherHolder` with an index directory (and configure a token) to also serve POST / DELETE
-    /v1/passages (serve/writes.py) for it: its queries then switch to each committed version.
+    `WritableHolder` (serve/writes.py: a holder with an index directory) and configure a token
+    to also serve POST / DELETE /v1/passages for it: its queries then switch to each committed
+    version.
     The batchers start with the app's lifespan and, at shutdown, finish every queued and
     in-flight batch before the app stops (uvicorn first waits for open requests).
     `reasoner` (the LLM thought source, hippo_gpu.llm.ircot.IRCoTReasoner) enables "ircot" in
@@ -237,8 +241,10 @@ def _lifespan(service: RetrievalService,
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """422 without the input echoed back, HTTP errors as {"detail"}, an over-budget request as
-    413 {"detail", "estimate", "limit"}, 500 logged, never traced."""
+    """Every error a route may raise, mapped here once: 422 without the input echoed back, HTTP
+    errors as {"detail"}, an over-budget request as 413 {"detail", "estimate", "limit"}, a full
+    queue as 429 with Retry-After, a closing batcher as 503, an unknown index as 404, 500
+    logged, never traced."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -253,6 +259,21 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _over_budget(request: Request, exc: OverBudgetError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "estimate": exc.estimate, "limit": exc.limit},
                             status_code=413)
+
+    @app.exception_handler(QueueFullError)
+    async def _queue_full(request: Request, exc: QueueFullError) -> JSONResponse:
+        return JSONResponse({"detail": "server busy: queue full"}, status_code=429,
+                            headers={"Retry-After": "1"})
+
+    @app.exception_handler(BatcherClosedError)
+    async def _closing(request: Request, exc: BatcherClosedError) -> JSONResponse:
+        return JSONResponse({"detail": "server shutting down"}, status_code=503)
+
+    @app.exception_handler(UnknownIndexError)
+    async def _unknown_index(request: Request, exc: UnknownIndexError) -> JSONResponse:
+        # The query routes' schemas name the served indexes (422 first); this answers a route
+        # that looks a name up itself, as the write routes do (404, the same message).
+        return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -365,24 +386,17 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         steps = req.ircot.max_steps if req.ircot is not None and reasoner is not None else 1
         service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
                       entities=req.entities, index=req.index, steps=steps)
-        try:
-            if req.ircot is not None and reasoner is not None:
-                answers, results = await answer_ircot(
-                    service, reasoner, req.queries, top_k=req.top_k, mode=req.mode,
-                    max_steps=req.ircot.max_steps, entities=req.entities,
-                    return_seeds=req.return_seeds, index=req.index)
-                traces = [trace(r) for r in results]
-            else:
-                answers = await service.retrieve(
-                    req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
-                    return_seeds=req.return_seeds, index=req.index, transport="http")
-        except QueueFullError as e:
-            raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
-        except BatcherClosedError as e:
-            raise HTTPException(503, "server shutting down") from e
-        errors = [a.error for a in answers]
-        if len(answers) == 1 and errors[0] is not None:  # nothing else to answer
-            raise HTTPException(500, f"retrieval failed: {errors[0]}")
+        if req.ircot is not None and reasoner is not None:
+            answers, results = await answer_ircot(
+                service, reasoner, req.queries, top_k=req.top_k, mode=req.mode,
+                max_steps=req.ircot.max_steps, entities=req.entities,
+                return_seeds=req.return_seeds, index=req.index)
+            traces = [trace(r) for r in results]
+        else:
+            answers = await service.retrieve(
+                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+                return_seeds=req.return_seeds, index=req.index, transport="http")
+        errors = _errors(answers)
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
         body["version"] = answered_version(answers)
@@ -413,17 +427,10 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
     async def explain(req: Any) -> JSONResponse:
         service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
                       entities=req.entities, index=req.index, explain=True)
-        try:
-            answers = await service.retrieve(
-                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
-                index=req.index, transport="http", explain=True)
-        except QueueFullError as e:
-            raise HTTPException(429, "server busy: queue full", {"Retry-After": "1"}) from e
-        except BatcherClosedError as e:
-            raise HTTPException(503, "server shutting down") from e
-        errors = [a.error for a in answers]
-        if len(answers) == 1 and errors[0] is not None:
-            raise HTTPException(500, f"retrieval failed: {errors[0]}")
+        answers = await service.retrieve(
+            req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+            index=req.index, transport="http", explain=True)
+        errors = _errors(answers)
         body: dict[str, Any] = {"explanations": [a.explanation for a in answers]}
         if any(e is not None for e in errors):
             body["errors"] = errors
@@ -438,6 +445,15 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
         responses={**auth.responses, **explain_responses(config)},
         dependencies=auth.dependencies,
     )(explain)
+
+
+def _errors(answers: list[Answer]) -> list[str | None]:
+    """Each answer's error (None: answered). A request of one query whose retrieval failed has
+    nothing else to answer: 500 naming the failure."""
+    errors = [a.error for a in answers]
+    if len(answers) == 1 and errors[0] is not None:
+        raise HTTPException(500, f"retrieval failed: {errors[0]}")
+    return errors
 
 
 def _add_write_routes(app: FastAPI, service: RetrievalService, config: ServerConfig,

@@ -25,10 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import re
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -47,7 +46,7 @@ from hippo_gpu.serve.batcher import (
     QueueFullError,
 )
 from hippo_gpu.serve.budget import OverBudgetError, request_cost
-from hippo_gpu.serve.writes import SearcherHolder
+from hippo_gpu.serve.holder import SearcherHolder
 
 if TYPE_CHECKING:
     from hippo_gpu.serve.config import CostLimits
@@ -162,7 +161,7 @@ def answered_version(answers: list[Answer]) -> int | None:
 
 
 class _SearcherAdapter:
-    """Runs one batch through `Searcher.retrieve` and turns hits into JSON-ready dicts.
+    """Runs one batch through `Searcher.rank` and turns hits into JSON-ready dicts.
 
     A query whose PPR could not be certified gets an `Answer` with `error` set and no hits; the
     rest of its batch is answered (hippo_gpu.retrieval.results.Ranking.failed).
@@ -185,38 +184,24 @@ class _SearcherAdapter:
         finally:
             self._pinned = None
 
-    def __call__(self, queries: list[Query], key: Hashable) -> list[Answer]:
-        if not isinstance(key, BatchKey):
-            raise TypeError(f"batch key must be a BatchKey, got {type(key).__name__}")
+    def __call__(self, queries: list[Query], key: BatchKey) -> list[Answer]:
         searcher = self._pinned or self._holder.current  # one version for the whole batch
         version = searcher.index.version
-        passage_texts = searcher.index.passage_texts
         texts = [q.text for q in queries]
-        entities: list[list[str]] | None = None
-        if key.with_entities:
-            entities = [q.entities for q in queries if q.entities is not None]
-            if len(entities) != len(queries):
-                raise TypeError("a batch keyed with_entities holds a query without entities")
+        # a batch keyed with_entities holds only queries with entities (the batching rule)
+        entities = [q.entities or [] for q in queries] if key.with_entities else None
         if key.explain:
             return [a._replace(version=version) for a in _explain(searcher, texts, entities, key)]
-        failed: dict[int, str] = {}
-        raw: list[list[Any]] | None = None
-        try:
-            if key.return_seeds:
-                hits, raw = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                              query_entities=entities, return_seeds=True)
-            else:
-                hits = searcher.retrieve(texts, top_k=key.top_k, mode=key.mode,
-                                         query_entities=entities)
-        except QueryFailure as e:  # the other queries of the batch are answered
-            hits, raw, failed = e.hits, e.seeds, e.failures
-        seeds: Sequence[list[Any] | None] = [None] * len(queries)
-        if raw is not None:
-            seeds = [[_jsonable(s) for s in per_query] for per_query in raw]
+        ranking = searcher.rank(texts, top_k=key.top_k, mode=key.mode, query_entities=entities)
+        hits = searcher.to_hits(ranking)  # a failed query has none; the others are answered
         if len(hits) != len(queries):
             raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
+        seeds: list[list[Any] | None] = [None] * len(queries)
+        if key.return_seeds:
+            seeds = [[s.as_json() for s in per_query] for per_query in ranking.seeds]
+        passage_texts = searcher.index.passage_texts
         return [
-            Answer([hit_dict(h, passage_texts) for h in per_query], s, failed.get(i),
+            Answer([hit_dict(h, passage_texts) for h in per_query], s, ranking.failed.get(i),
                    version=version)
             for i, (per_query, s) in enumerate(zip(hits, seeds, strict=True))
         ]
@@ -255,23 +240,6 @@ def hit_dict(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _jsonable(x: Any) -> Any:
-    """A seed fact as JSON: dataclasses and mappings to objects, sequences to lists."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (str, int, bool)) or x is None:
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if hasattr(x, "item"):  # numpy / torch scalar
-        return _jsonable(x.item())
-    return str(x)
-
-
 def tensor_bytes(obj: Any) -> int:
     """Bytes held by the tensors among `obj`'s dataclass fields (sparse: indices + values).
 
@@ -302,7 +270,7 @@ class ServedIndex:
         self.holder = holder
         on_batch = None if metrics is None else metrics.observe_batch(name)
         adapter = _SearcherAdapter(holder)
-        self.batcher: MicroBatcher[Query, Answer] = MicroBatcher(
+        self.batcher: MicroBatcher[Query, BatchKey, Answer] = MicroBatcher(
             adapter, config, on_batch=on_batch, session=adapter.pinned)
 
     @property

@@ -1,16 +1,14 @@
 """Writes over HTTP: POST /v1/passages and DELETE /v1/passages through the index's one writer.
 
-Readers never wait for a writer and never see a mix: the server answers each batch with the
-`Searcher` it finds in `SearcherHolder.current` when the batch starts, and a write replaces that
-reference only after its commit, with a searcher over the new version (reusing the query
-encoder). The new version is the `Index` the commit computed, moved to the searcher's device:
-each holder keeps one `IndexWriter`, which reads the index from disk on its first write and
-again only after another process changed it, so a write request reads the index at most once
-(posted triples go in as `OpenIEDoc` objects, LLM extraction hands back its docs: no OpenIE
-file is written or read). Writes are serialised (one at a time per process; the index's flock
-also keeps out writers in other processes) and run on a worker thread, so queries keep being
-answered during a write. These routes exist only when the server has a token and an index
-directory to write.
+A `WritableHolder` is the `SearcherHolder` (serve/holder.py) of an index this server changes:
+it owns the index's one `IndexWriter` and switches its readers to the version each commit
+computed (moved to the searcher's device; queries never wait and never see a mix). The writer
+reads the index from disk on its first write and again only after another process changed it,
+so a write request reads the index at most once (posted triples go in as `OpenIEDoc` objects,
+LLM extraction hands back its docs: no OpenIE file is written or read). Writes are serialised
+(one at a time per process; the index's flock also keeps out writers in other processes) and
+run on a worker thread, so queries keep being answered during a write. These routes exist only
+when the server has a token and an index directory to write.
 
 With several indexes, a request's optional "index" names the one to change (default: the server's
 default index, the first); an index served without a directory is read-only (409), an unknown name
@@ -21,12 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import functools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,45 +31,42 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
 from hippo_gpu.errors import DiskFullError
-from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.searcher import Searcher
+from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.write_limits import WriteLimits
-from hippo_gpu.storage.directory import WriterLockedError, collect_garbage, read_manifest
-from hippo_gpu.versions.load import needs_compaction
-from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter
+from hippo_gpu.storage.directory import WriterLockedError, collect_garbage
+from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter, compaction_due
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeleteRequest", "InsertRequest", "SearcherHolder", "write_router"]
+__all__ = ["DeleteRequest", "InsertRequest", "WritableHolder", "write_router"]
 
 
 COMPACT_QUIET_SECONDS = 5.0  # a holder compacts once no write came for this long
 
 
-class SearcherHolder:
-    """The searcher queries use now; replaced atomically after each committed write. Its one
-    IndexWriter (made on the first write) keeps the last committed version in host memory
-    (float32) between writes, so the next write reads nothing from disk.
+class WritableHolder(SearcherHolder):
+    """The searcher holder of an index this server writes: replaced atomically after each
+    committed write. Its one IndexWriter (made on the first write) keeps the last committed
+    version in host memory (float32) between writes, so the next write reads nothing from disk.
 
     A commit writes a segment and serves a version without the passage basis (hippo_gpu.
     versions); once no write came for `compact_quiet` seconds (or at once when the chain is due
-    by the writer's policy, under a stream that never pauses), a background thread compacts
-    (a new base with its basis: hipporag2 by linearity again) and switches queries to it.
-    Queries never wait for it; a write that arrives meanwhile waits for it to finish.
-    None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
-    compaction the old base and its segments are removed at once (store.collect_garbage; one
-    another process is reading stays until the next write), and each switch hands the memory
-    of the dropped version back to the OS (`release_freed_memory`).
+    by the writer's policy, `compaction_due`, under a stream that never pauses), a background
+    thread compacts (a new base with its basis: hipporag2 by linearity again) and switches
+    queries to it. Queries never wait for it; a write that arrives meanwhile waits for it to
+    finish. None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
+    compaction the old base and its segments are removed at once (directory.collect_garbage;
+    one another process is reading stays until the next write).
     """
 
-    def __init__(self, searcher: Searcher, index_dir: str | Path | None = None,
-                 device: str = "auto", llm: str | None = None,
-                 llm_cache: str | Path | None = None,
+    index_dir: Path  # the directory this holder writes (a read-only holder has None)
+
+    def __init__(self, searcher: Searcher, index_dir: str | Path, device: str = "auto",
+                 llm: str | None = None, llm_cache: str | Path | None = None,
                  compact_quiet: float | None = COMPACT_QUIET_SECONDS) -> None:
-        self._searcher = searcher
-        # every version served here, weakly: how many this process still holds (a leak test)
-        self._served: list[weakref.ref[Index]] = [weakref.ref(searcher.index)]
-        self.index_dir = Path(index_dir) if index_dir is not None else None
+        super().__init__(searcher)
+        self.index_dir = Path(index_dir)
         self.device = device
         self.llm = llm  # OpenIE for passages posted without triples
         self.llm_cache = llm_cache
@@ -86,21 +78,9 @@ class SearcherHolder:
         self.compactions = 0  # background compactions done
         self.compact_error: str | None = None  # the last background compaction's failure
 
-    @property
-    def current(self) -> Searcher:
-        return self._searcher
-
-    @property
-    def versions_in_memory(self) -> int:
-        """Versions served here that something in this process still holds: 1 (the current
-        one) plus those batches in flight read; an old version that stays is a leak."""
-        return sum(r() is not None for r in self._served)
-
     def write(self, apply: Any) -> dict[str, Any]:
         """Run `apply(writer)` in one IndexWriter session, commit, and switch readers to the
         new version. Serialised; raises what the writer raises (nothing changes then)."""
-        if self.index_dir is None:
-            raise RuntimeError("this server has no index directory to write")
         with self._write_lock:
             if self._writer is None:
                 self._writer = IndexWriter(self.index_dir, device=self.device,
@@ -109,22 +89,13 @@ class SearcherHolder:
                 changed = apply(w)
                 if not w.pending:
                     return {"changed": False, "skipped_present": changed,
-                            "version": self._searcher.index.version}
+                            "version": self.current.index.version}
                 committed = w.commit()
                 report = w.last_change
-            self._switch(committed)
+            self.switch(committed)
             self._last_write = time.monotonic()
             self._schedule_compaction()
         return {"changed": True, **report.as_dict()}
-
-    def _switch(self, index: Index) -> None:
-        old = self._searcher
-        old.encoder  # noqa: B018 - load it now, so every later version shares this one
-        self._searcher = old.over(index.to(old.device, old.index.precision))
-        self._served = [r for r in self._served if r() is not None]
-        self._served.append(weakref.ref(self._searcher.index))
-        del old
-        release_freed_memory()
 
     def _schedule_compaction(self) -> None:
         if self.compact_quiet is None or (self._compactor and self._compactor.is_alive()):
@@ -135,9 +106,11 @@ class SearcherHolder:
 
     def _compact_when_quiet(self) -> None:
         """Compact once writes pause, or at once when the chain is due by the writer's policy
-        (COMPACT_AFTER segments, or segments over a quarter of the base: a stream that never
-        pauses must not grow the chain without end). The basis solve and the base write run
-        outside the write lock (writes go on meanwhile), only the manifest switch takes it."""
+        (`compaction_due`: COMPACT_AFTER segments, or segments over a quarter of the base: a
+        stream that never pauses must not grow the chain without end). The policy reads the
+        manifest the writer holds (its last commit wrote it), not the disk. The basis solve and
+        the base write run outside the write lock (writes go on meanwhile), only the manifest
+        switch takes it."""
         assert self.compact_quiet is not None
         while (wait := self._last_write + self.compact_quiet - time.monotonic()) > 0:
             if self._chain_due():
@@ -146,11 +119,9 @@ class SearcherHolder:
         try:
             with self._write_lock:
                 w = self._writer
-                if w is None or self.index_dir is None:
-                    return
-                stale = w.index.config.ppr_basis and w.index.basis is None
-                if not stale and not needs_compaction(read_manifest(self.index_dir),
-                                                      COMPACT_AFTER):
+                # due by the chain, or by the basis the held version lacks
+                if w is None or not compaction_due(w.manifest, w.index,
+                                                   max_segments=COMPACT_AFTER):
                     return
             started = time.monotonic()
             prepared = w.prepare_compaction()  # minutes at a million passages: no lock held
@@ -158,9 +129,9 @@ class SearcherHolder:
                 with w:
                     current = w.finish_compaction(prepared)
                     if current.basis is not None:  # no write came meanwhile: serve the basis
-                        self._switch(current)
+                        self.switch(current)
                     # the old base and its segments: removed now, not at the next write
-                    w.garbage += collect_garbage(self.index_dir)
+                    w.garbage += collect_garbage(self.index_dir, w.manifest)
                 self.compactions += 1
         except Exception as e:  # noqa: BLE001 - a failed compaction loses nothing: logged
             self.compact_error = f"{type(e).__name__}: {e}"
@@ -171,38 +142,15 @@ class SearcherHolder:
             self._schedule_compaction()
 
     def _chain_due(self) -> bool:
-        try:
-            return self.index_dir is not None and \
-                needs_compaction(read_manifest(self.index_dir), COMPACT_AFTER)
-        except (OSError, ValueError):  # a manifest being replaced: look again in a second
-            return False
+        """Whether the chain the writer holds is due (the basis alone waits for the pause:
+        every commit leaves it stale)."""
+        w = self._writer
+        return w is not None and compaction_due(w.manifest, max_segments=COMPACT_AFTER)
 
     def wait_for_compaction(self, timeout: float | None = None) -> None:
         """Block until a scheduled background compaction has finished (tests, shutdown)."""
         if self._compactor is not None:
             self._compactor.join(timeout)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (OSError, AttributeError):
-        return None
-
-
-def release_freed_memory() -> None:
-    """Give the heap memory freed by the versions a write dropped back to the OS.
-
-    A commit allocates the new version's arrays while the old one lives, then frees the old
-    one; glibc keeps such freed memory in its arenas, so without this a writable server's RSS
-    climbs over a write stream until it plateaus at several copies of the index, though no
-    object leaks (one version and one searcher stay alive; benchmarks/bench_soak.py reports
-    the RSS under load). A no-op where the C library has no malloc_trim.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]:
@@ -246,7 +194,7 @@ def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]
 InsertRequest, DeleteRequest = write_models(WriteLimits())  # the default limits' bodies
 
 
-def _docs_of(passages: list[Any], holder: SearcherHolder) -> list[OpenIEDoc]:
+def _docs_of(passages: list[Any], holder: WritableHolder) -> list[OpenIEDoc]:
     """OpenIE of the posted passages, in their order: their own triples, else the server's
     LLM's (extracted into the holder's LLM cache; no OpenIE file)."""
     contents = [Passage(title=p.title, text=p.text) for p in passages]
@@ -262,7 +210,7 @@ def _docs_of(passages: list[Any], holder: SearcherHolder) -> list[OpenIEDoc]:
             for c, p in zip(contents, passages)]
 
 
-def _extract(passages: list[Passage], holder: SearcherHolder) -> list[OpenIEDoc]:
+def _extract(passages: list[Passage], holder: WritableHolder) -> list[OpenIEDoc]:
     """The server LLM's OpenIE of `passages`; a holder without an LLM cache gets a temporary
     one (per request, as before)."""
     import tempfile
@@ -299,17 +247,18 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
                              "succeeds once there is space)"},
     }
 
-    def holder_of(name: str | None) -> SearcherHolder:
+    def holder_of(name: str | None) -> WritableHolder:
         name = default if name is None else name
         if name not in by_name:
             shown = repr(name if len(name) <= 64 else name[:64] + "...")
             raise HTTPException(404, f"unknown index {shown}: this server serves "
                                      f"{', '.join(repr(n) for n in by_name)}")
-        if by_name[name].index_dir is None:
+        holder = by_name[name]
+        if not isinstance(holder, WritableHolder):
             raise HTTPException(409, f"index {name!r} is served read-only (no index directory)")
-        return by_name[name]
+        return holder
 
-    async def run(holder: SearcherHolder, apply: Any) -> dict[str, Any]:
+    async def run(holder: WritableHolder, apply: Any) -> dict[str, Any]:
         try:
             return await asyncio.to_thread(holder.write, apply)
         except WriterLockedError as e:
@@ -323,6 +272,7 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
 
     async def insert_passages(req: Any) -> dict[str, Any]:
         holder = holder_of(req.index)
+
         def apply(w: IndexWriter) -> int:
             return w.insert_docs([Passage(title=p.title, text=p.text) for p in req.passages],
                                  _docs_of(req.passages, holder))

@@ -20,17 +20,18 @@ Layout of an index directory DIR:
 Loading is lazy: safetensors files are memory-mapped (copy-on-write: a tensor is writable in the
 reader's process without touching the file) and a `.strings` file (int64 n, int64 offsets[n + 1],
 UTF-8 blob: tables.StringTable) is memory-mapped and decoded row by row on access, so a 1M-passage
-base loads in the time of its checksums (durable_files.sha256_files: up to 4 at a time). Format 4
-(this one) added segments; format 3 (one full version per commit) reads as a base without
-segments, format 2 is refused with the command that rebuilds it.
+base loads in the time of its checksums (storage/durable.py's sha256_files: up to 4 at a time).
+Format 4 (this one) added segments; format 3 (one full version per commit) reads as a base
+without segments, format 2 is refused with the command that rebuilds it.
 
-A commit (`write_segment`) or a compaction (`write_version`: a new base, no segments) writes
-its directory under a temporary name, fsyncs every file, renames it to sNNNNNN or vNNNNNN,
-fsyncs DIR, then replaces manifest.json atomically (write a temporary file, fsync, rename,
-fsync DIR). A writer killed at any point therefore leaves manifest.json naming either the old
-version or the new one, each complete and verifiable; leftovers of a killed writer (temporary
-directories, directories no manifest names) are removed by the next writer or by
-`collect_garbage`. A reader reads manifest.json once and then only the files of the
+A commit (`write_segment`) or a new base (`prepare_base` + `install_base`: a compaction, or
+`write_version`: a build's save) writes its directory under a temporary name, fsyncs every file,
+renames it to sNNNNNN or vNNNNNN, fsyncs DIR, then replaces manifest.json atomically (write a
+temporary file, fsync, rename, fsync DIR) and returns the manifest it wrote, which the writer
+keeps (nothing reads it back). A writer killed at any point therefore leaves manifest.json
+naming either the old version or the new one, each complete and verifiable; leftovers of a
+killed writer (temporary directories, directories no manifest names) are removed by the next
+writer or by `collect_garbage`. A reader reads manifest.json once and then only the files of the
 directories it names, holding a shared lock on each one's `.readers` file while it reads, so
 garbage collection (which needs the exclusive lock) never deletes files under a reader. Files
 and directories get the user's umask permissions.
@@ -213,25 +214,30 @@ def _write_dir(root: Path, name: str, tensors: dict[str, dict[str, torch.Tensor]
     return files
 
 
-def _next_version(root: Path) -> int:
+def _next_version(root: Path, current: dict[str, Any]) -> int:
+    """The number of the next version directory: above every one on disk and above the
+    current manifest's version (`current`: {} for a directory without a manifest)."""
     existing = _versions(root)
-    current = read_manifest(root).get("version", 0) if is_index_dir(root) else 0
-    return max(existing[-1] if existing else 0, int(current)) + 1
+    return max(existing[-1] if existing else 0, int(current.get("version", 0))) + 1
 
 
-def _commit_manifest(root: Path, full: dict[str, Any], step: Callable[[str], None]) -> None:
-    """Replace the manifest: the rename is the commit point, and this raises only when it did
-    not happen (write_atomic); removing old versions after it is best effort (what it leaves,
-    the next collection removes)."""
+def _commit_manifest(root: Path, full: dict[str, Any],
+                     step: Callable[[str], None]) -> dict[str, Any]:
+    """Replace the manifest with `full`: the rename is the commit point, and this raises only
+    when it did not happen (write_atomic); removing old versions after it is best effort (what
+    it leaves, the next collection removes). Returns the manifest as `read_manifest` would read
+    it now (JSON's types: parsed from the text written, not from the disk)."""
     step("write_manifest")
-    write_atomic(root / MANIFEST, json.dumps(full, indent=2, sort_keys=True),
-                 before_replace=lambda: step("rename_manifest"))
+    text = json.dumps(full, indent=2, sort_keys=True)
+    write_atomic(root / MANIFEST, text, before_replace=lambda: step("rename_manifest"))
+    written: dict[str, Any] = json.loads(text)
     step("collect_garbage")
     try:
-        collect_garbage(root)
+        collect_garbage(root, written)
     except OSError as e:
         log.warning("%s: committed version %s; removing old versions failed (%s), the next "
                     "commit removes them", root, full.get("version"), e)
+    return written
 
 
 def discard_version(index_dir: str | Path, name: str) -> None:
@@ -262,19 +268,20 @@ def prepare_base(
     a compaction writes its base while commits go on. Returns (name, file entries)."""
     step = on_step or (lambda name: None)
     root = Path(index_dir).resolve()
-    name = f"v{_next_version(root):06d}"
+    name = f"v{_next_version(root, read_manifest(root) if is_index_dir(root) else {}):06d}"
     return name, _write_dir(root, name, tensors, tables, strings or {}, step, hold)
 
 
 def install_base(index_dir: str | Path, name: str, files: dict[str, dict[str, Any]],
                  manifest: dict[str, Any], base_from: int | None, *,
-                 on_step: Callable[[str], None] | None = None) -> int:
+                 on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Make a prepared base current (the caller holds the writer lock). `manifest`: the base's
     own fields (config, encoder, counts, report); `base_from`: the version it copies.
 
     The segments committed after `base_from` stay in the chain (they apply to that version's
     content, which the base holds), so a compaction loses no commit made while it ran; if there
-    are none, the base is the new current version (its number). Returns the current version."""
+    are none, the base is the new current version (its number). Returns the manifest written
+    (its "version": the current version)."""
     step = on_step or (lambda name: None)
     root = Path(index_dir).resolve()
     current = read_manifest(root) if is_index_dir(root) else {}
@@ -290,8 +297,7 @@ def install_base(index_dir: str | Path, name: str, files: dict[str, dict[str, An
                      "basis": None,  # a replayed version has none (versions/load.py)
                      "base_counts": manifest.get("counts"),
                      "base_openie_report": manifest.get("openie_report")})
-    _commit_manifest(root, full, step)
-    return version
+    return _commit_manifest(root, full, step)
 
 
 def write_version(
@@ -303,14 +309,14 @@ def write_version(
     *,
     on_step: Callable[[str], None] | None = None,
     base_from: int | None = None,
-) -> Path:
+) -> dict[str, Any]:
     """Commit a new base version of the index at `index_dir` (the caller holds the writer lock):
     a full copy, with no segments after it (`prepare_base` then `install_base`).
 
     Writes `{name}.safetensors` per tensor group, `{name}.json` per table and `{name}.strings`
     per string table (tables.StringTable's file) into a new version directory vNNNNNN, then
     makes it current by replacing manifest.json (see the module docstring). Refuses a non-empty
-    directory that is not an index. Returns the index directory.
+    directory that is not an index. Returns the manifest written.
 
     `base_from`: the version whose content this base holds (a compaction copies the current
     version; default: the new version itself), so a reader holding it needs no reload.
@@ -325,11 +331,10 @@ def write_version(
     with contextlib.ExitStack() as hold:
         name, files = prepare_base(root, tensors, tables, strings, hold=hold, on_step=on_step)
         try:
-            install_base(root, name, files, manifest, base_from, on_step=on_step)
+            return install_base(root, name, files, manifest, base_from, on_step=on_step)
         except BaseException:
             discard_version(root, name)
             raise
-    return root
 
 
 def write_segment(
@@ -339,14 +344,15 @@ def write_segment(
     tables: dict[str, dict[str, Any]],
     *,
     on_step: Callable[[str], None] | None = None,
-) -> int:
+) -> dict[str, Any]:
     """Commit a new version as a segment (sNNNNNN: what changed since the current version)
     appended to the current manifest's chain; `manifest` updates its top-level fields (counts,
-    report). The caller holds the writer lock. Returns the new version number."""
+    report). The caller holds the writer lock. Returns the manifest written (its "version":
+    the new version's number)."""
     step = on_step or (lambda name: None)
     root = Path(index_dir).resolve()
     current = read_manifest(root)
-    version = _next_version(root)
+    version = _next_version(root, current)
     name = f"s{version:06d}"
     files = _write_dir(root, name, tensors, tables, {}, step)
     segments = [*current.get("segments", []), {"name": name, "version": version,
@@ -360,11 +366,10 @@ def write_segment(
             "base_from": current.get("base_from", current.get("version")),
             "basis": None}  # a replayed version carries no basis (versions/load.py)
     try:
-        _commit_manifest(root, full, step)
+        return _commit_manifest(root, full, step)
     except BaseException:
         discard_version(root, name)
         raise
-    return version
 
 
 def base_name(manifest: dict[str, Any]) -> str:
@@ -372,13 +377,16 @@ def base_name(manifest: dict[str, Any]) -> str:
     return str(manifest.get("base") or f"v{int(manifest.get('version', 0)):06d}")
 
 
-def collect_garbage(index_dir: str | Path) -> list[str]:
+def collect_garbage(index_dir: str | Path,
+                    manifest: dict[str, Any] | None = None) -> list[str]:
     """Remove what no manifest names: older versions no reader holds, and a killed writer's
-    temporary files. Call with the writer lock held. Returns the removed names."""
+    temporary files. Call with the writer lock held. `manifest`: the current one when the
+    caller has it (it just wrote it), else it is read. Returns the removed names."""
     root = Path(index_dir)
     named: set[str] | None = None
-    if is_index_dir(root):
+    if manifest is None and is_index_dir(root):
         manifest = read_manifest(root)
+    if manifest is not None:
         named = {base_name(manifest), *(seg["name"] for seg in manifest.get("segments", []))}
     removed = []
     for p in sorted(root.iterdir()):
@@ -436,8 +444,8 @@ def read_manifest(index_dir: str | Path) -> dict[str, Any]:
 
 
 def basis_stats(summary: dict[str, Any] | None) -> dict[str, Any]:
-    """The basis_* entries of Index.stats of a basis summary (index.basis_summary: the
-    manifest's "basis"; None: no basis)."""
+    """The basis_* entries of Index.stats of a basis summary (indexing/index.py's
+    basis_summary: the manifest's "basis"; None: no basis)."""
     if summary is None:
         return {"basis_bytes": 0, "basis_seconds": 0.0, "basis_steps": 0, "basis_damping": None}
     return {"basis_bytes": int(summary["bytes"]), "basis_seconds": round(summary["seconds"], 4),

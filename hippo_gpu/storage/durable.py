@@ -87,7 +87,7 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[Path], None], *
     file is complete and current, only its survival of a power loss is in doubt), so a caller
     whose rename is a commit point (a manifest) knows from the exception alone whether it
     committed. A killed writer leaves the temporary file, for the folder's owner to remove by
-    that name (store.collect_garbage, hippo_gpu.storage.parts). The folder must exist.
+    that name (directory.collect_garbage, hippo_gpu.storage.parts). The folder must exist.
 
     Args:
         path: the file to replace (or create).

@@ -12,7 +12,7 @@ A job that writes one large output OUT keeps its progress in a folder beside it:
 The rules, which together give every input row exactly once in OUT, in input order, however
 often a run is killed and rerun:
 - Part n holds exactly the rows that n stands for in this run (fixed by the identity and what
-  was saved with it) and is written by durable_files.write_atomic, so it is complete or absent, and
+  was saved with it) and is written by durable.write_atomic, so it is complete or absent, and
   committing it twice writes the same rows under the same name.
 - A rerun with the same identity removes the temporary files and skips the committed numbers;
   one with another identity is refused, naming the keys that differ, as is a folder that holds
@@ -38,7 +38,7 @@ from hippo_gpu.storage.durable import naming_full_disk, write_atomic
 
 __all__ = ["RunParts"]
 
-_TEMP = ".*.tmp-*"  # durable_files.write_atomic's temporary names
+_TEMP = ".*.tmp-*"  # durable.write_atomic's temporary names
 
 
 class RunParts:

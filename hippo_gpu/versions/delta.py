@@ -1,11 +1,11 @@
 """The next index version from the last one and a change: append passages, remove passages.
 
-A fresh build (build.assemble_index) lays an index out canonically: M phrase rows (sorted unique
-normalised subjects and objects), then P passage rows (corpus order); R sorted predicates; F
-facts sorted as (subject rank, predicate rank, object rank); per passage its triple occurrences
-as fact rows. This module computes the canonical layout of the changed corpus (kept passages in
-their order, then the added ones) from the previous layout, without re-reading any triple of an
-unchanged passage:
+A fresh build (indexing.build.assemble_index) lays an index out canonically: M phrase rows
+(sorted unique normalised subjects and objects), then P passage rows (corpus order); R sorted
+predicates; F facts sorted as (subject rank, predicate rank, object rank); per passage its triple
+occurrences as fact rows. This module computes the canonical layout of the changed corpus (kept
+passages in their order, then the added ones) from the previous layout, without re-reading any
+triple of an unchanged passage:
 
   1. What survives. An old phrase, predicate or fact is alive in the new version iff some kept
      or added passage's triples use it (a fact's occurrence count over the kept passages is one
@@ -21,20 +21,23 @@ unchanged passage:
   3. Vectors are copied for every surviving text (by runs: placed_rows) and asked of the caller for
      the texts the old version lacks (the new passages, phrases and facts): the writer encodes
      them, a segment replay reads them from the segment (`NewVectors`).
-  4. Synonyms: `synonyms.update_synonym_rows` recomputes only the lists that can change (its
-     docstring proves which), or the caller supplies the recomputed lists (a replay).
+  4. Synonyms: `indexing.synonyms.update_synonym_rows` recomputes only the lists that can
+     change (its docstring proves which), or the caller supplies the recomputed lists (a
+     replay).
   5. The graph: fact-pair counts follow from the facts and their occurrence counts (a triple
      (s, p, o) occurring c times adds c to (s, o) and to (o, s), as extract_elements counts it
-     per occurrence); graph.patch_graph recomputes the adjacency rows of the nodes the change
-     touches from them, the synonym and the passage edges by build_graph's own functions, and
-     renumbers every other entry (its proof: an entry with two untouched ends is unchanged).
+     per occurrence); indexing.graph.patch_graph recomputes the adjacency rows of the nodes the
+     change touches from them, the synonym and the passage edges by build_graph's own
+     functions, and renumbers every other entry (its proof: an entry with two untouched ends is
+     unchanged).
 
 Claim: the result equals `assemble_index` of the changed corpus (same rows, same weights, same
 vectors when the caller's new vectors are those a build would compute), because each table is
 the sorted set a build computes (1, 2), the per-passage occurrence rows are the same facts in
 the same order, and the graph's changed entries are computed by the same functions from the
 same statistics (5).
-`tests/versions/test_writer.py` checks it against fresh builds over random operation sequences.
+`tests/versions/test_writes_equal_a_rebuild.py` checks it against fresh builds over random
+operation sequences.
 
 Cost: O(change · log M) Python work (the lookups and the new texts), and array work over the
 index's rows at memory speed (remaps, run copies, bincounts over the occurrences, elementwise
@@ -292,68 +295,30 @@ def apply_change(
     IndexWriter.compact, solves it).
     """
     lap = lap or (lambda name: None)
-    m, f = len(plan.phrases), len(plan.spo)
-    keep_rows = np.nonzero(plan.keep)[0]
     if pending and synonyms is None:
         raise ValueError("pending embeddings need the synonym lists (a replay)")
-    phrase_emb = placed(base.phrase_emb, plan.phrase_to_new, m, plan.new_phrase_rows,
-                         vectors.phrases, pending=pending)
-    fact_emb = placed(base.fact_emb, plan.fact_to_new, f, plan.new_fact_rows, vectors.facts,
-                       pending=pending)
-    passage_emb = placed(base.passage_emb, plan.passage_to_new,
-                          len(keep_rows) + len(change.passages),
-                          np.arange(len(keep_rows), len(keep_rows) + len(change.passages)),
-                          vectors.passages, pending=pending)
+    passage_emb, phrase_emb, fact_emb = _placed_embeddings(base, change, plan, vectors, pending)
     lap("embed_copy")
-
     old_edges = SynonymEdges(base.synonym_src.numpy(), base.synonym_dst.numpy(),
                              base.synonym_score.float().numpy())
-    removed_ph = np.nonzero(plan.phrase_to_new < 0)[0]
-    if synonyms is None:
-        backend = resolve_knn_backend(config.graph.knn_backend, device, m)
-        kept, fresh, affected = update_synonym_rows(
-            plan.phrase_to_new, old_edges, plan.phrases, cast(torch.Tensor, phrase_emb),
-            plan.new_phrase_rows,
-            base.phrase_emb.float().cpu()[torch.from_numpy(removed_ph)], config.graph,
-            backend=backend, device=device)
-        synonyms = SynonymUpdate(affected, fresh)
-    else:  # a replay: the stored lists of the affected phrases, the rest renumbered
-        is_affected = np.zeros(m, dtype=bool)
-        is_affected[synonyms.affected] = True
-        kept = kept_synonyms(old_edges, plan.phrase_to_new, is_affected)
-    edges = concat_edges([kept, synonyms.edges])
+    edges, synonyms = _next_synonyms(base, plan, old_edges, phrase_emb, config, device,
+                                     synonyms)
     lap("synonym_knn")
-
-    inc_passage, inc_phrase = _incidence(base, plan, len(change.passages))
+    incidence = _incidence(base, plan, len(change.passages))
     adjacency, counts = _patched_graph(base, change, plan, edges, old_edges, synonyms,
-                                       inc_passage, inc_phrase, config)
+                                       *incidence, config)
     lap("adjacency")
-
-    removed = np.nonzero(~plan.keep)[0]
-    malformed, error = _kept(base.passage_malformed, removed), _kept(base.passage_error, removed)
-    lost = ([base.passage_malformed[i] for i in removed.tolist()],
-            [base.passage_error[i] for i in removed.tolist()])
-    malformed += [dict(x) for x in change.malformed]
-    error += [bool(x) for x in change.error]
-    per_passage = np.diff(plan.occ_ptr)
-    report: dict[str, Any] = {**_triple_counts(base.report, lost, change, malformed, error,
-                                               per_passage),
-              **{k: base.report[k] for k in ("missing_passages", "extra_passages")
-                 if k in base.report},
-              "synonym_knn": {**base.report.get("synonym_knn", {}),
-                              "recomputed_phrases": int(len(synonyms.affected))}}
-    facts = FactTable(plan.phrases, plan.predicates, plan.spo)
-    added = change.passages
+    malformed, error, report = _passage_records(base, change, plan, synonyms)
+    inc_passage, inc_phrase = incidence
+    keys, titles, texts = _passage_texts(base, change, plan)
+    m, facts = len(plan.phrases), FactTable(plan.phrases, plan.predicates, plan.spo)
     index = Index(
         config=config,
         adjacency=adjacency,
-        passage_nodes=torch.arange(m, m + len(keep_rows) + len(added), dtype=torch.int64),
-        passage_keys=_as_table(base.passage_keys).splice(plan.keep, np.full(
-            len(added), len(plan.keep), np.int64), [p.key for p in added]),
-        passage_titles=_as_table(base.passage_titles).splice(plan.keep, np.full(
-            len(added), len(plan.keep), np.int64), [p.title for p in added]),
-        passage_texts=_as_table(base.passage_texts).splice(plan.keep, np.full(
-            len(added), len(plan.keep), np.int64), [p.content for p in added]),
+        passage_nodes=torch.arange(m, m + len(keys), dtype=torch.int64),
+        passage_keys=keys,
+        passage_titles=titles,
+        passage_texts=texts,
         phrases=plan.phrases,
         predicates=plan.predicates,
         facts=facts,
@@ -376,8 +341,81 @@ def apply_change(
     )
     if "row_of_key" in base.__dict__:  # computed on the base: follow it, never rebuild it
         index.__dict__["row_of_key"] = base.row_of_key.spliced(
-            removed, [p.key for p in added], len(keep_rows))
+            np.nonzero(~plan.keep)[0], [p.key for p in change.passages], int(plan.keep.sum()))
     return index, synonyms
+
+
+def _placed_embeddings(base: Index, change: Change, plan: Plan, vectors: NewVectors,
+                       pending: bool) -> tuple[Any, Any, Any]:
+    """Step 3: the new version's embedding matrices (passages [P', D], phrases [M', D], facts
+    [F', D]): every surviving row copied from the base's by runs, the new texts' rows from
+    `vectors`; PendingRows with `pending`."""
+    phrases = placed(base.phrase_emb, plan.phrase_to_new, len(plan.phrases),
+                     plan.new_phrase_rows, vectors.phrases, pending=pending)
+    facts = placed(base.fact_emb, plan.fact_to_new, len(plan.spo), plan.new_fact_rows,
+                   vectors.facts, pending=pending)
+    kept, added = int(plan.keep.sum()), len(change.passages)
+    passages = placed(base.passage_emb, plan.passage_to_new, kept + added,
+                      np.arange(kept, kept + added), vectors.passages, pending=pending)
+    return passages, phrases, facts
+
+
+def _next_synonyms(base: Index, plan: Plan, old_edges: SynonymEdges, phrase_emb: Any,
+                   config: IndexConfig, device: torch.device,
+                   synonyms: SynonymUpdate | None) -> tuple[SynonymEdges, SynonymUpdate]:
+    """Step 4: every accepted synonym edge of the new version and the lists it recomputed:
+    computed (`synonyms` None: update_synonym_rows) or the stored ones (a replay), with every
+    other list the base's, renumbered."""
+    m = len(plan.phrases)
+    if synonyms is None:
+        removed_ph = np.nonzero(plan.phrase_to_new < 0)[0]
+        backend = resolve_knn_backend(config.graph.knn_backend, device, m)
+        kept, fresh, affected = update_synonym_rows(
+            plan.phrase_to_new, old_edges, plan.phrases, cast(torch.Tensor, phrase_emb),
+            plan.new_phrase_rows,
+            base.phrase_emb.float().cpu()[torch.from_numpy(removed_ph)], config.graph,
+            backend=backend, device=device)
+        synonyms = SynonymUpdate(affected, fresh)
+    else:  # a replay: the stored lists of the affected phrases, the rest renumbered
+        is_affected = np.zeros(m, dtype=bool)
+        is_affected[synonyms.affected] = True
+        kept = kept_synonyms(old_edges, plan.phrase_to_new, is_affected)
+    return concat_edges([kept, synonyms.edges]), synonyms
+
+
+def _passage_texts(base: Index, change: Change,
+                   plan: Plan) -> tuple[StringTable, StringTable, StringTable]:
+    """The new version's passage keys, titles and texts [P']: the kept passages' (the base's
+    tables spliced, no string decoded), then the added ones'."""
+    at = np.full(len(change.passages), len(plan.keep), np.int64)  # appended after the last
+
+    def spliced(strings: Sequence[str], new: list[str]) -> StringTable:
+        return _as_table(strings).splice(plan.keep, at, new)
+
+    added = change.passages
+    return (spliced(base.passage_keys, [p.key for p in added]),
+            spliced(base.passage_titles, [p.title for p in added]),
+            spliced(base.passage_texts, [p.content for p in added]))
+
+
+def _passage_records(base: Index, change: Change, plan: Plan, synonyms: SynonymUpdate
+                     ) -> tuple[list[dict[str, int]], list[bool], dict[str, Any]]:
+    """The new version's per-passage malformed counts and error flags (the kept passages',
+    then the added ones') and its report, updated from the base's by what left and came."""
+    removed = np.nonzero(~plan.keep)[0]
+    malformed, error = _kept(base.passage_malformed, removed), _kept(base.passage_error, removed)
+    lost = ([base.passage_malformed[i] for i in removed.tolist()],
+            [base.passage_error[i] for i in removed.tolist()])
+    malformed += [dict(x) for x in change.malformed]
+    error += [bool(x) for x in change.error]
+    per_passage = np.diff(plan.occ_ptr)
+    report: dict[str, Any] = {**_triple_counts(base.report, lost, change, malformed, error,
+                                               per_passage),
+              **{k: base.report[k] for k in ("missing_passages", "extra_passages")
+                 if k in base.report},
+              "synonym_knn": {**base.report.get("synonym_knn", {}),
+                              "recomputed_phrases": int(len(synonyms.affected))}}
+    return malformed, error, report
 
 
 def change_counts(base: Index, change: Change, plan: Plan,
@@ -435,8 +473,9 @@ def _patched_graph(base: Index, change: Change, plan: Plan, edges: SynonymEdges,
                    old_edges: SynonymEdges, update: SynonymUpdate, inc_passage: np.ndarray,
                    inc_phrase: np.ndarray,
                    config: IndexConfig) -> tuple[torch.Tensor, dict[str, int]]:
-    """The new adjacency by graph.patch_graph and its edge_counts, updated from the base's by
-    the counts of the dirty part before and after (the rest of the graph is the same)."""
+    """The new adjacency by indexing.graph.patch_graph and its edge_counts, updated from the
+    base's by the counts of the dirty part before and after (the rest of the graph is the
+    same)."""
     m_old, m = len(base.phrases), len(plan.phrases)
     p_new = int(plan.keep.sum()) + len(change.passages)
     n = m + p_new
@@ -495,7 +534,7 @@ def _kept(items: list, removed: np.ndarray) -> list:
 def _triple_counts(report: dict[str, Any], lost: tuple[list[dict[str, int]], list[bool]],
                    change: Change, malformed: list[dict[str, int]], error: list[bool],
                    per_passage: np.ndarray) -> dict[str, Any]:
-    """The new version's triple counts (index.triple_report's fields): the last version's,
+    """The new version's triple counts (indexing.index.triple_report's fields): the last version's,
     less the removed passages' malformed counts and error flags, plus the added ones'; the
     whole lists are summed only when the last report lacks a field (an older index)."""
     if any(k not in report for k in ("malformed_triples", "malformed_by_reason",

@@ -45,26 +45,13 @@ from hippo_gpu.versions.chain import Segment, expected_counts, replay_chain
 from hippo_gpu.versions.delta import Change, NewVectors, SynonymUpdate
 from hippo_gpu.versions.placed_rows import settle
 
-__all__ = ["Segment", "expected_counts", "load_index", "needs_compaction", "refresh_index",
-           "segment_files"]
-
-SEGMENT_FRACTION = 0.25  # segments of more than this share of the base's bytes: compact
-
-
-def needs_compaction(manifest: dict[str, Any], max_segments: int) -> bool:
-    """Whether a manifest's chain calls for a compaction: `max_segments` segments or more, or
-    segment files of more than SEGMENT_FRACTION of the base's bytes (loads replay them all)."""
-    segments = manifest.get("segments", [])
-    if not segments:
-        return False
-    seg_bytes = sum(f["bytes"] for s in segments for f in s["files"].values())
-    base_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
-    return len(segments) >= max_segments or seg_bytes > SEGMENT_FRACTION * base_bytes
+__all__ = ["Segment", "expected_counts", "load_index", "load_version", "refresh_index",
+           "refresh_version", "segment_files"]
 
 
 def segment_files(segment: Segment) -> tuple[dict[str, dict[str, torch.Tensor]],
                                                dict[str, dict[str, Any]]]:
-    """(tensor groups, tables) of a segment, for store.write_segment."""
+    """(tensor groups, tables) of a segment, for directory.write_segment."""
     c, v, s = segment.change, segment.vectors, segment.synonyms
     tensors = {"change": {
         "removed": torch.from_numpy(np.ascontiguousarray(c.removed, dtype=np.int64)),
@@ -123,6 +110,14 @@ def load_index(
         verify: check every file's sha256 against the manifest.
     """
     precision_dtype(precision)  # validate before reading anything
+    index, _ = load_version(path, encoder=encoder, verify=verify)
+    return index.to(resolve_device(device), precision)
+
+
+def load_version(path: str | Path, *, encoder: str | None = None,
+                 verify: bool = True) -> tuple[Index, dict[str, Any]]:
+    """What `load_index` reads: the current version on the CPU in float32, and the manifest
+    that names it (read once; a writer keeps it, so its compaction policy reads nothing)."""
     root = Path(path)
     manifest, base, segments = read_index_dir(root, verify=verify)
     assert base is not None
@@ -131,8 +126,7 @@ def load_index(
         index = replay_chain(index, [(v, _segment_of(root, f)) for v, f in segments], path=root)
     index = settle(index)  # the embeddings of the last version only, each row copied once
     index.version = manifest.get("version")
-    dev = resolve_device(device)
-    return index.to(dev, precision) if (dev.type != "cpu" or precision != "float32") else index
+    return index, manifest
 
 
 def refresh_index(index: Index, *, verify: bool = True) -> Index:
@@ -140,22 +134,27 @@ def refresh_index(index: Index, *, verify: bool = True) -> Index:
     segments committed after it when the directory's base is still the one `index` descends
     from; otherwise (a compaction happened, or `index` was never saved) a full `load_index`.
     Returns `index` itself when it is current. The result lives where `index` does."""
+    return refresh_version(index, verify=verify)[0]
+
+
+def refresh_version(index: Index, *, verify: bool = True) -> tuple[Index, dict[str, Any]]:
+    """`refresh_index`, and the manifest that names the version it returns (read once; a
+    writer keeps it)."""
     if index.path is None:
         raise ValueError("refresh_index needs an index loaded from (or saved to) a directory")
     root = Path(index.path)
     manifest = read_manifest(root)
     if manifest.get("version") == index.version:
-        return index
+        return index, manifest
     chain = {int(s["version"]) for s in manifest.get("segments", [])}
     same = {int(str(manifest.get("base", "v0"))[1:] or 0), manifest.get("base_from")} | chain
     if index.version is None or index.version not in same:
-        return load_index(root, index.device, precision=index.precision, verify=verify)
+        out, manifest = load_version(root, verify=verify)
+        return out.to(index.device, index.precision), manifest
     manifest, _, segments = read_index_dir(root, verify=verify, after=int(index.version))
-    out = index.to("cpu", "float32") if index.device.type != "cpu" or \
-        index.precision != "float32" else index
+    out = index.to("cpu", "float32")
     if segments:
         out = replay_chain(out, [(v, _segment_of(root, f)) for v, f in segments], path=root)
     out = settle(out)
     out.version = manifest.get("version")
-    return out.to(index.device, index.precision) if index.device.type != "cpu" or \
-        index.precision != "float32" else out
+    return out.to(index.device, index.precision), manifest

@@ -14,33 +14,37 @@ them:
               encoder's output can differ by ~1e-7 with the batch a text lands in, so a synonym
               edge whose cosine is within ~1e-7 of the threshold could then differ;
     synonyms  the accepted lists of phrases that no added or removed phrase is within the
-              threshold of (synonyms.update_synonym_rows proves those lists unchanged).
+              threshold of (indexing.synonyms.update_synonym_rows proves those lists
+              unchanged).
 
 The cost of a commit is therefore: encoding the new texts, one GEMM of the changed phrases
 against all phrases, a kNN for the affected phrases, the adjacency rows of the touched nodes
-(graph.patch_graph), array copies at memory speed for the rest, and writing a segment of the
-change's size (store.write_segment): no triple of an unchanged passage is re-read, nothing
+(indexing.graph.patch_graph), array copies at memory speed for the rest, and writing a segment
+of the change's size (storage.directory.write_segment, which returns the manifest it wrote: the
+writer keeps it and reads nothing back): no triple of an unchanged passage is re-read, nothing
 unchanged is rewritten. Every stage is timed in `last_change.stage_seconds`.
 
 The passage basis (IndexConfig.ppr_basis, hippo_gpu.ppr.basis) depends on the whole graph, so a
 commit leaves the new version without one (hipporag2 iterates on it) and a compaction solves it:
 `compact()` writes the current version as a new base with its basis (a fresh build's within the
-certified bounds of both), after which loads replay nothing. The writer compacts by itself after
-a commit that leaves `compact_after` segments or segments over a quarter of the base's bytes
-(versions.needs_compaction); the server compacts in the background once writes pause
-(serve/writes.py).
+certified bounds of both), after which loads replay nothing. When to compact is one policy,
+`compaction_due`: the writer compacts by itself after a commit that leaves `compact_after`
+segments or segments over a quarter of the base's bytes; the server compacts in the background
+once writes pause, or at once when the chain is due (serve/writes.py); `hippo-gpu compact`
+whenever there is a segment or a stale basis.
 
-Durability: one writer at a time (store.writer_lock, a flock the OS drops if the writer dies);
+Durability: one writer at a time (directory.writer_lock, a flock the OS drops if the writer dies);
 a commit writes its segment directory (fsync) and then switches the manifest atomically;
 readers keep the version they loaded and move to a later one by replaying its segments
 (Searcher.refresh). A full disk at any write of a commit raises DiskFullError naming the file
 (storage/directory.py): nothing is committed, the writer keeps its staged changes and the same
 commit() can be retried once there is space; commit() raising always means "not committed" (a
 compaction that fails after a commit is logged, not raised).
-`commit()` returns the new version as an `Index` (the one it computed, not a
-reload: equal to `load_index` of it), and the writer keeps it: a writer reopened after `close()`
-replays only what other writers committed since (versions.refresh_index), so a long-lived writer
-(the server's) reads the index once; it holds the last version in host memory (float32).
+`commit()` returns the new version as an `Index` (the one it computed, not a reload: equal to
+`load_index` of it), and the writer keeps it with its manifest: a writer reopened after
+`close()` replays only what other writers committed since (versions.load.refresh_version), so a
+long-lived writer (the server's) reads the index once; it holds the last version in host memory
+(float32).
 
 Validation happens before anything is written: inserting a passage the index (or this writer)
 already holds is a no-op, deleting an unknown key is a KeyError naming it and changes nothing,
@@ -91,17 +95,38 @@ from hippo_gpu.versions.delta import (
 from hippo_gpu.versions.load import (
     Segment,
     expected_counts,
-    load_index,
-    needs_compaction,
-    refresh_index,
+    load_version,
+    refresh_version,
     segment_files,
 )
 
 log = logging.getLogger(__name__)
 
 COMPACT_AFTER = 16  # segments a writer lets accumulate before it compacts (IndexWriter)
+SEGMENT_FRACTION = 0.25  # segments of more than this share of the base's bytes: compact
 
-__all__ = ["ChangeReport", "IndexWriter"]
+__all__ = ["COMPACT_AFTER", "ChangeReport", "IndexWriter", "compaction_due"]
+
+
+def compaction_due(manifest: dict[str, Any], held: Index | None = None, *,
+                   max_segments: int = COMPACT_AFTER) -> bool:
+    """Whether to compact now: the one policy of `IndexWriter.commit`, the server's background
+    compactor (serve/writes.py) and `hippo-gpu compact` (`max_segments=1`: any segment).
+
+    Due when loads replay too much of the chain `manifest` names: `max_segments` segments or
+    more, or segment files of more than SEGMENT_FRACTION of the base's bytes; or, given `held`
+    (the version that manifest names, as its writer holds it), when `held` lacks the passage
+    basis its config keeps, which only a compaction solves. A commit passes no `held`: every
+    commit leaves the basis stale, which must not compact each time.
+    """
+    if held is not None and held.config.ppr_basis and held.basis is None:
+        return True
+    segments = manifest.get("segments", [])
+    if not segments:
+        return False
+    seg_bytes = sum(f["bytes"] for s in segments for f in s["files"].values())
+    base_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
+    return len(segments) >= max_segments or seg_bytes > SEGMENT_FRACTION * base_bytes
 
 
 @dataclass
@@ -134,12 +159,12 @@ class IndexWriter:
         device: where encoding and kNN run ("auto", "cpu", "cuda").
         cache_dir: embedding cache (texts embedded before by the same encoder are reused).
         show_progress: progress bars for encoding.
-        on_step: called with each commit step's name (store.COMMIT_STEPS) before it runs;
+        on_step: called with each commit step's name (directory.COMMIT_STEPS) before it runs;
             fault-injection tests kill the process there.
         encoder: an already loaded Encoder of the index's encoder config to reuse (default:
             one is loaded on the first commit that has a text to encode).
         compact_after: compact (`compact`) after a commit that leaves this many segments, or
-            segments of more than a quarter of the base's bytes (versions.needs_compaction);
+            segments of more than a quarter of the base's bytes (`compaction_due`);
             None: only when asked (a server compacts in the background instead).
         verify: check every file of the version `open` reads against the manifest's sha256
             (load_index's `verify`). False (the CLI's one-off `insert` and `delete`: hashing a
@@ -177,7 +202,10 @@ class IndexWriter:
         self._last_change: ChangeReport | None = None
         self.compact_after = compact_after
         self.last_compaction: dict[str, float] = {}
-        self.garbage: list[str] = []  # what the last open() removed (store.collect_garbage)
+        self.garbage: list[str] = []  # what the last open() removed (directory.collect_garbage)
+        # the manifest of the version this writer holds, as its open read it or its last commit
+        # or compaction wrote it (the compaction policy's input: nothing re-reads it)
+        self.manifest: dict[str, Any] = {}
         self.verify = verify
         # whether the held version was read from files whose checksums were checked (or
         # computed by this writer from such a version): a compaction may copy it as it is
@@ -197,13 +225,12 @@ class IndexWriter:
         stack.enter_context(writer_lock(self.index_dir))
         try:
             self.garbage = collect_garbage(self.index_dir)
-            if self._base is None:
-                self._base = load_index(self.index_dir, device="cpu", verify=self.verify)
-                self._verified = self.verify
+            held = self._base
+            if held is None:
+                self._base, self.manifest = load_version(self.index_dir, verify=self.verify)
             else:  # another writer may have committed since: replay its segments
-                held = self._base
-                self._base = refresh_index(held, verify=self.verify)
-                self._verified = self.verify or (self._verified and self._base is held)
+                self._base, self.manifest = refresh_version(held, verify=self.verify)
+            self._verified = self.verify or (self._verified and self._base is held)
             if self._encoder is not None and \
                     self._encoder.config.identity() != self._base.config.encoder.identity():
                 raise ValueError(
@@ -406,21 +433,22 @@ class IndexWriter:
         counts = change_counts(base, change, plan, update)
         tensors, tables = segment_files(Segment(change, vectors, update, expected_counts(new)))
         with self._keeping_version("commit"):
-            version = write_segment(self.index_dir, {"counts": new.counts,
-                                                     "openie_report": _as_json(new.report)},
-                                    tensors, tables, on_step=self.on_step)
+            manifest = write_segment(self.index_dir, {"counts": new.counts,
+                                                      "openie_report": _as_json(new.report)},
+                                     tensors, tables, on_step=self.on_step)
         stages.lap("save")
+        version = manifest["version"]
         new.path, new.version = self.index_dir, version
         new.report = _as_json(new.report)  # as stored (JSON keys are strings)
         report = ChangeReport(**counts, skipped_present=self._skipped)  # type: ignore[arg-type]
         new.timings = stages.seconds
         report.stage_seconds = dict(stages.seconds)
         report.version = new.version
-        self._base = new
+        self._base, self.manifest = new, manifest
         self._last_change = report
         self._reset()
         if self.compact_after is not None and \
-                needs_compaction(read_manifest(self.index_dir), self.compact_after):
+                compaction_due(manifest, max_segments=self.compact_after):
             try:
                 new = self.compact()
             except OSError as e:  # the commit is made: a failed compaction only defers it
@@ -435,7 +463,7 @@ class IndexWriter:
     @contextlib.contextmanager
     def _keeping_version(self, what: str) -> Iterator[None]:
         """A full disk during a commit or a compaction: DiskFullError naming the file (the
-        store's) and saying that the index keeps its version and the writer its changes."""
+        directory's) and saying that the index keeps its version and the writer its changes."""
         try:
             yield
         except DiskFullError as e:
@@ -462,7 +490,7 @@ class IndexWriter:
         """The slow half of a compaction, on the last committed version as it is now: solve
         its basis and write its base directory, which no manifest names yet. It holds no
         writer lock (a server runs it in the background while commits go on); commits made
-        meanwhile stay valid on top of it (store.install_base).
+        meanwhile stay valid on top of it (directory.install_base).
 
         A writer opened with `verify=False` first checks every file the index's manifest
         names against its checksum, since the new base records new checksums of what was read
@@ -508,8 +536,8 @@ class IndexWriter:
         new = prepared.index
         try:
             with self._keeping_version("compaction"):
-                version = install_base(self.index_dir, prepared.name, prepared.files,
-                                       prepared.manifest, new.version, on_step=self.on_step)
+                manifest = install_base(self.index_dir, prepared.name, prepared.files,
+                                        prepared.manifest, new.version, on_step=self.on_step)
         except BaseException:
             discard_version(self.index_dir, prepared.name)  # uninstalled: frees its space
             raise
@@ -517,8 +545,9 @@ class IndexWriter:
             prepared.hold.close()
         prepared.stages.lap("install")
         self.last_compaction = dict(prepared.stages.seconds)
+        self.manifest = manifest  # names the held version either way (below)
         if self._require_base().version == new.version:  # nothing committed meanwhile
-            new.version = version
+            new.version = manifest["version"]
             self._base = new
         return self._require_base()
 

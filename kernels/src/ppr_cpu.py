@@ -1,7 +1,7 @@
 """Fused, cache-blocked PPR solve on the CPU (numba), behind :class:`hippo_gpu.ppr.PPRSolver`.
 
-It computes the iterates of :func:`hippo_gpu.ppr.ppr_chebyshev` (``omegas`` from
-:func:`hippo_gpu.ppr.chebyshev_weights`) or :func:`hippo_gpu.ppr.ppr_iterate` (all ones) and stops
+It computes the iterates of :func:`hippo_gpu.ppr.ppr_solve`: method "chebyshev" (``omegas`` from
+:func:`hippo_gpu.ppr.chebyshev_weights`) or "power" (all ones) and stops
 each column on the same certified bound; the derivations (semi-iteration, L1 bound, top-k
 certificate) are in ppr.py's docstring. This file is only about doing it fast:
 

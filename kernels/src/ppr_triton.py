@@ -7,8 +7,8 @@ For the [N, Q] row-major batch, one launch computes, for every row i and column 
     y_prev[i, q] ← y_prev[i, q] + ω (g[i, q] − y_prev[i, q])                  (if ω is given)
 
 which the torch path does in four passes over [N, Q] (addmm, sub/abs/sum, sum, lerp). It is the
-:data:`hippo_gpu.ppr.StepFn` contract, so :func:`hippo_gpu.ppr.ppr_chebyshev` and
-:func:`~hippo_gpu.ppr.ppr_iterate` run it unchanged. A program owns BLOCK_R consecutive rows x
+:data:`hippo_gpu.ppr.StepFn` contract, so :func:`hippo_gpu.ppr.ppr_solve` runs it unchanged
+(either method). A program owns BLOCK_R consecutive rows x
 BLOCK_Q columns and walks the nonzeros of its rows in lock-step (masked beyond each row's end), so
 each gather reads BLOCK_Q contiguous values of a y row; the column sums are one atomic add per
 program and column (their order, hence the last bits of the residual, varies between runs: it

@@ -145,3 +145,43 @@ def test_an_unverified_writer_compacts_a_sound_index(index_dir: Path, tmp_path: 
         assert "verify" in w.last_compaction
     assert not read_manifest(index_dir)["segments"]
     _same_stats(index_dir)
+
+
+def test_insert_with_an_llm_commits_its_docs_and_writes_openie_only_when_asked(
+        built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`insert --llm` hands the extracted docs to the writer: no OpenIE file is written, and the
+    index equals one where `insert --openie` read the file that `--openie-out` asks for (the
+    same extraction, from the LLM cache)."""
+    from tests.llm.fake_llm_server import FaultServer
+
+    monkeypatch.setenv("HIPPO_GPU_CACHE", str(tmp_path / "cache"))  # the LLM cache goes here
+    corpus = tmp_path / "new.json"
+    corpus.write_text(json.dumps([{"title": "Zorvan", "text": "Zorvan is a port town."},
+                                  {"title": "Quillet", "text": "Quillet lies on a river."}]))
+    dirs = {name: Path(shutil.copytree(built, tmp_path / name / "index"))
+            for name in ("docs", "asked", "file")}
+    openie = tmp_path / "asked" / "extracted.json"
+    server = FaultServer()
+
+    def insert(index_dir: Path, *source: str) -> Result:
+        return runner.invoke(app, ["insert", str(index_dir), "--corpus", str(corpus), *source,
+                                   "--device", "cpu", "--threads", "1",
+                                   "--cache-dir", str(tmp_path / "embeddings")])
+
+    try:
+        llm = ["--llm", f"openai:fake@{server.url}"]
+        res = insert(dirs["docs"], *llm)
+        assert res.exit_code == 0, res.output
+        assert sorted(p.name for p in dirs["docs"].parent.iterdir()) == ["index"]
+        res = insert(dirs["asked"], *llm, "--openie-out", str(openie))
+        assert res.exit_code == 0, res.output
+        res = insert(dirs["file"], "--openie-out", str(openie))  # no --llm to write it
+        assert res.exit_code == 2 and "--openie-out needs --llm" in res.output
+    finally:
+        server.close()
+    res = insert(dirs["file"], "--openie", str(openie))
+    assert res.exit_code == 0, res.output
+    got, want = (load_index(dirs[n], device="cpu") for n in ("docs", "file"))
+    assert got.stats() == want.stats() and got.passage_keys == want.passage_keys
+    assert list(got.facts) == list(want.facts) and "zorvan town" in got.phrases
+    assert load_index(dirs["asked"], device="cpu").stats() == want.stats()

@@ -5,7 +5,9 @@ fake OpenAI-compatible endpoints writes the local command's OpenIE JSON, never s
 twice.
 
 One Ray instance per module (2 CPUs, no dashboard). Its start and each actor pool's start
-(importing torch and loading the encoder in every replica) dominate the run time.
+(importing torch and loading the encoder in every replica) dominate the run time, so the index
+is the sample's with the hash:64 encoder (tests/conftest.py): a replica opens it without loading
+a model, and how texts are embedded is no part of these claims.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_ray_answers_equal_local_command(ray_local, sample_index_dir, sample_searcher, tmp_path):
+def test_ray_answers_equal_local_command(ray_local, sample_hash_index_dir, sample_hash_searcher,
+                                         tmp_path):
     from typer.testing import CliRunner
 
     from hippo_gpu.cli import app
@@ -74,12 +77,12 @@ def test_ray_answers_equal_local_command(ray_local, sample_index_dir, sample_sea
     rows = _rows(41)
     q = _write_jsonl(tmp_path / "q.jsonl", rows, blank_after=7)
     local = tmp_path / "local.jsonl"
-    retrieve_file(sample_searcher, q, local, top_k=5, batch_size=6, part_size=10,
+    retrieve_file(sample_hash_searcher, q, local, top_k=5, batch_size=6, part_size=10,
                   show_progress=False)
     out = tmp_path / "ray.jsonl"
     # Through the CLI; Ray is already up in this process, so --ray uses it and leaves it up.
     res = CliRunner().invoke(app, [
-        "retrieve", "--index", str(sample_index_dir), "--queries", str(q), "--out", str(out),
+        "retrieve", "--index", str(sample_hash_index_dir), "--queries", str(q), "--out", str(out),
         "--top-k", "5", "--batch-size", "6", "--part-size", "9", "--device", "cpu",
         "--threads", "1", "--ray", "local", "--workers", "2", "--cpus-per-worker", "0.5"])
     assert res.exit_code == 0, res.output
@@ -123,8 +126,8 @@ class CrashOnce(IndexActor):
 
 
 @pytest.mark.slow
-def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index_dir,
-                                                        sample_searcher, tmp_path):
+def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_hash_index_dir,
+                                                        sample_hash_searcher, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -135,7 +138,7 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index
     q = tmp_path / "q.parquet"
     out = tmp_path / "ray.parquet"
     pq.write_table(pa.Table.from_pylist(rows), q, row_group_size=13)  # 3 row groups
-    report = retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, out, workers=2,
+    report = retrieve_ray(SearcherSpec(sample_hash_index_dir, device="cpu"), q, out, workers=2,
                           cpus_per_worker=0.5, top_k=4, batch_size=4, part_size=5,
                           skip_bad=True, actor_cls=CrashOnce)
     assert report.parts == 7  # row groups of 13, 13 and 4 rows in chunks of at most 5
@@ -148,16 +151,16 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_index
     good = [r for r in rows if r["id"] != "bad"]
     assert [g["id"] for g in got] == [r["id"] for r in good]  # every id exactly once, in order
     local = tmp_path / "local.parquet"
-    retrieve_file(sample_searcher, q, local, top_k=4, skip_bad=True, show_progress=False)
+    retrieve_file(sample_hash_searcher, q, local, top_k=4, skip_bad=True, show_progress=False)
     _assert_same(got, pq.read_table(local).to_pylist())
 
 
-def test_malformed_row_fails_the_run_naming_it(ray_local, sample_index_dir, tmp_path):
+def test_malformed_row_fails_the_run_naming_it(ray_local, sample_hash_index_dir, tmp_path):
     q = tmp_path / "q.jsonl"
     q.write_text('{"id": 1, "query": "lighthouse"}\n{"id": 2}\n')
     with pytest.raises(DataFormatError, match=r"q\.jsonl: line at byte 33: malformed row "
                        r"'\{\"id\": 2\}': 'query' must be a non-empty string"):
-        retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, tmp_path / "o.jsonl",
+        retrieve_ray(SearcherSpec(sample_hash_index_dir, device="cpu"), q, tmp_path / "o.jsonl",
                      workers=1)
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -166,7 +169,7 @@ def test_plan_cuts_jsonl_at_line_ends_and_parquet_by_row_groups(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hippo_gpu.distributed.ray_batch import plan_chunks
+    from hippo_gpu.distributed.ray_batch import plan_parts
 
     lines = [json.dumps({"id": i, "query": "q" * (i * 37 % 300)}) for i in range(50)]
     lines[20] = ""  # blank
@@ -174,7 +177,7 @@ def test_plan_cuts_jsonl_at_line_ends_and_parquet_by_row_groups(tmp_path):
     data = ("\n".join(lines)).encode()  # no newline after the last line
     q = tmp_path / "q.jsonl"
     q.write_bytes(data)
-    plan = plan_chunks(q, 4)
+    plan = plan_parts(q, 4)
     assert plan[0][0] == 0 and plan[-1][1] == len(data)
     assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(plan, plan[1:]))  # contiguous
     pieces = [data[lo:hi] for lo, hi in plan]
@@ -182,17 +185,17 @@ def test_plan_cuts_jsonl_at_line_ends_and_parquet_by_row_groups(tmp_path):
     assert [line for p in pieces for line in p.decode().split("\n")[:-1]] + \
         [pieces[-1].decode().split("\n")[-1]] == lines  # every line in exactly one chunk
     assert 8 <= len(plan) <= 20  # about 4 lines a chunk
-    assert plan_chunks(q, 4) == plan  # deterministic
+    assert plan_parts(q, 4) == plan  # deterministic
 
     pq.write_table(pa.Table.from_pylist([{"id": str(i), "query": "q"} for i in range(20)]),
                    tmp_path / "q.parquet", row_group_size=7)
-    assert plan_chunks(tmp_path / "q.parquet", 3) == [
+    assert plan_parts(tmp_path / "q.parquet", 3) == [
         [0, 0, 3], [0, 3, 6], [0, 6, 7], [1, 0, 3], [1, 3, 6], [1, 6, 7], [2, 0, 3], [2, 3, 6]]
 
 
 @pytest.mark.slow
-def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_dir,
-                                                       sample_searcher, tmp_path):
+def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_hash_index_dir,
+                                                       sample_hash_searcher, tmp_path):
     """SIGKILL of the `retrieve --ray` driver (a subprocess joined to this module's Ray) after
     some parts are committed; rerunning the same command answers only the other chunks, discards
     a half-written part, and the output equals the local command's, every id once."""
@@ -210,7 +213,7 @@ def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_
     q = _write_jsonl(tmp_path / "q.jsonl", rows, blank_after=101)
     out = tmp_path / "ray.jsonl"
     parts = tmp_path / "ray.jsonl.parts"
-    args = ["retrieve", "--index", str(sample_index_dir), "--queries", str(q), "--out",
+    args = ["retrieve", "--index", str(sample_hash_index_dir), "--queries", str(q), "--out",
             str(out), "--top-k", "3", "--batch-size", "4", "--part-size", "10", "--device",
             "cpu", "--threads", "1", "--workers", "1", "--cpus-per-worker", "0.5", "--ray"]
     address = ray.get_runtime_context().gcs_address
@@ -239,7 +242,7 @@ def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_
 
     # Other arguments on the same parts: refused, naming the difference.
     with pytest.raises(DataFormatError, match="differs in top_k"):
-        retrieve_ray(SearcherSpec(sample_index_dir, device="cpu"), q, out, top_k=4,
+        retrieve_ray(SearcherSpec(sample_hash_index_dir, device="cpu"), q, out, top_k=4,
                      batch_size=4, part_size=10)
 
     # The same command again, in this process (Ray is up here, so --ray uses it).
@@ -251,7 +254,7 @@ def test_killed_driver_then_rerun_answers_every_id_once(ray_local, sample_index_
     # (A replica of the killed driver may commit a part more before Ray stops it.)
     assert answered_before <= resumed < len(rows) and resumed + answered == len(rows)
     local = tmp_path / "local.jsonl"
-    retrieve_file(sample_searcher, q, local, top_k=3, batch_size=4, part_size=10,
+    retrieve_file(sample_hash_searcher, q, local, top_k=3, batch_size=4, part_size=10,
                   show_progress=False)
     _assert_same(_jsonl(out), _jsonl(local))  # every id exactly once, in input order
     assert not parts.exists()
@@ -271,7 +274,7 @@ def test_extract_over_two_endpoints_equals_local(ray_local, tmp_path):
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.llm.test_faults import FaultServer, backend, corpus
+    from tests.llm.fake_llm_server import FaultServer, backend, corpus
 
     docs = corpus(13)
     one = FaultServer()
@@ -307,7 +310,7 @@ def test_extract_dead_endpoint_then_resume_sends_only_unfinished(ray_local, tmp_
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.llm.test_faults import FaultServer, backend, corpus
+    from tests.llm.fake_llm_server import FaultServer, backend, corpus
 
     docs = corpus(12)
     out, cache = tmp_path / "ray.json", tmp_path / "c.sqlite"
@@ -380,7 +383,7 @@ def test_extract_driver_killed_then_rerun_finishes_the_rest(ray_local, tmp_path)
     pytest.importorskip("openai")
     from hippo_gpu.distributed.ray_extract import extract_openie_ray
     from hippo_gpu.llm.extract import extract_openie
-    from tests.llm.test_faults import FaultServer, backend, corpus
+    from tests.llm.fake_llm_server import FaultServer, backend, corpus
 
     n = 24
     docs = corpus(n)

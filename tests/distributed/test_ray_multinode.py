@@ -50,7 +50,7 @@ from tests.distributed.multinode import (  # noqa: E402
     query_rows,
 )
 from tests.helpers import QUERIES  # noqa: E402
-from tests.llm.test_faults import FaultServer, backend, corpus  # noqa: E402
+from tests.llm.fake_llm_server import FaultServer, backend, corpus  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a multi-node cluster started and a node killed: ~3 min on 2 cores
 

@@ -31,7 +31,7 @@ pytest.importorskip("fastapi")
 
 from hippo_gpu.config import MODES  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
+from tests.retrieval.ircot_thoughts import QUESTIONS, SCRIPT  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 from tests.serve.helpers import (  # noqa: E402
     assert_no_leak,
@@ -166,7 +166,7 @@ def test_seed_facts_are_served(served, sample_searcher):
             "return_seeds": True}
     r = httpx.post(url + "/v1/retrieve", json=body, headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
-    _, want = sample_searcher.retrieve(body["queries"], top_k=3, return_seeds=True)
+    want = sample_searcher.rank(body["queries"], top_k=3).seeds
     assert r.json()["seeds"] == [[list(f) for f in per_query] for per_query in want]
 
 

@@ -218,6 +218,7 @@ def anyio_backend() -> str:
     """The suite's async test runs on asyncio (the retriever uses asyncio, not trio)."""
     return "asyncio"
 
+
 if lc_standard is not None:
 
     @pytest.mark.anyio  # runs the suite's async test (anyio's plugin comes with httpx)

@@ -12,8 +12,8 @@ from hippo_gpu.integrations import PassageClient  # noqa: E402
 from hippo_gpu.llm.ircot import IRCoTReasoner  # noqa: E402
 from hippo_gpu.retrieval.ircot import ircot_retrieve  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
-from tests.retrieval.test_ircot_interfaces import serving  # noqa: E402
+from tests.loopback import serve_asgi  # noqa: E402
+from tests.retrieval.ircot_thoughts import QUESTIONS, SCRIPT  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def test_passage_client_ircot_local_and_over_http(sample_searcher, llm, offline)
     assert [len(ps) for ps in local.retrieve(QUESTIONS, k=4, mode="hybrid")] == [4] * 4
     app = create_app(sample_searcher, ServerConfig(mcp=False),
                      reasoner=IRCoTReasoner(fast_backend(spec)))
-    with serving(app) as url:
+    with serve_asgi(app) as (url, _):
         remote = PassageClient(url=url, max_queries_per_request=3)  # two requests
         got = remote.retrieve(QUESTIONS, k=4, mode="hybrid", ircot_steps=3)
     assert [[p.key for p in ps] for ps in got] == offline

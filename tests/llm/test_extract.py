@@ -8,18 +8,16 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from hippo_gpu.data import as_passages, read_openie
+from hippo_gpu.evaluate import f1, normalize_answer, qa_metrics
 from hippo_gpu.llm.backends import (
-    Backend,
     BackendSpecError,
     ChatRequest,
     Completion,
-    OnResult,
     parse_spec,
 )
 from hippo_gpu.llm.cache import LLMCache, cache_key
@@ -27,66 +25,15 @@ from hippo_gpu.llm.extract import OpenIEConfig, extract_openie
 from hippo_gpu.llm.filter import RecognitionMemoryFilter
 from hippo_gpu.llm.ner import NERFileError, QueryNER, read_query_ner_tsv
 from hippo_gpu.llm.parse import ParseStats
-from hippo_gpu.llm.qa import QAReader, f1, normalize_answer, qa_metrics
+from hippo_gpu.llm.qa import QAReader
 from tests.helpers import (
     REPO,  # noqa: E402
     musique_or_skip,
 )
+from tests.llm.recorded_llm import CORPUS, REPLIES, RecordedBackend, is_ner, passage_of, recorded
 
 DATA = Path(os.environ.get("HIPPO_DATA_DIR", REPO.parent
                            / "shared" / "data"))
-
-
-class RecordedBackend(Backend):
-    """Replies from a function of the last user message; records every request."""
-
-    def __init__(self, reply: Callable[[ChatRequest], Completion], model: str = "rec") -> None:
-        self.model = model
-        self.reply = reply
-        self.requests: list[ChatRequest] = []
-
-    def generate(self, requests: Sequence[ChatRequest],
-                 on_result: OnResult | None = None) -> list[Completion]:
-        out = []
-        for i, r in enumerate(requests):
-            self.requests.append(r)
-            c = self.reply(r)
-            out.append(c)
-            if on_result is not None:
-                on_result(i, c)
-        return out
-
-
-def _passage_of(request: ChatRequest) -> str:
-    user = request.messages[-1]["content"]
-    return user.split("Passage:\n", 1)[1].split("\n\nNamed entities:", 1)[0]
-
-
-def _is_ner(request: ChatRequest) -> bool:
-    return "Named entities:" not in request.messages[-1]["content"]
-
-
-CORPUS = [
-    {"title": "Alpha", "text": "Alpha was founded by Beta in 1901."},
-    {"title": "Gamma", "text": "Gamma lies in Delta."},
-    {"title": "Epsilon", "text": "Epsilon wrote Zeta."},
-]
-# Recorded replies with the defects real models produce: fences, prose, truncation, arity.
-REPLIES = {
-    "Alpha": ('```json\n{"named_entities": ["Alpha", "Beta", "1901"]}\n```',
-              'Here: {"triples": [["Alpha", "founded by", "Beta"], ["Alpha", "founded in", 1901],'
-              ' ["Alpha", "x"], ["Alpha", "founded by", "Beta"]]}'),
-    "Gamma": ('{"named_entities": ["Gamma", "Delta"]}',
-              '{"triples": [["Gamma", "lies in", "Delta"], ["Gam'),
-    "Epsilon": ("I cannot help with that.", '{"triples": []}'),
-}
-
-
-def recorded(request: ChatRequest) -> Completion:
-    title = _passage_of(request).split("\n", 1)[0]
-    ner, triples = REPLIES[title]
-    return Completion(ner if _is_ner(request) else triples, prompt_tokens=50,
-                      completion_tokens=20)
 
 
 def test_extract_writes_v2_json_with_failures(tmp_path: Path) -> None:
@@ -123,11 +70,11 @@ def test_extract_writes_v2_json_with_failures(tmp_path: Path) -> None:
     REPLIES_FIXED = dict(REPLIES, Epsilon=('{"named_entities": ["Epsilon", "Zeta"]}',
                                            '{"triples": [["Epsilon", "wrote", "Zeta"]]}'))
     backend2 = RecordedBackend(lambda r: Completion(
-        REPLIES_FIXED[_passage_of(r).split("\n", 1)[0]][0 if _is_ner(r) else 1]))
+        REPLIES_FIXED[passage_of(r).split("\n", 1)[0]][0 if is_ner(r) else 1]))
     report2 = extract_openie(CORPUS, backend2, out, show_progress=False)
     assert (report2.done, report2.cached, report2.failed) == (1, 2, 0)
     assert len(backend2.requests) == 2
-    assert all("Epsilon" in _passage_of(r) for r in backend2.requests)
+    assert all("Epsilon" in passage_of(r) for r in backend2.requests)
     doc2 = json.loads(out.read_text())
     assert doc2["docs"][2]["extracted_triples"] == [["Epsilon", "wrote", "Zeta"]]
     assert not any("error" in d for d in doc2["docs"])
@@ -188,8 +135,8 @@ def test_extract_replays_recorded_gpt35_openie(tmp_path: Path) -> None:
     by_passage = {d["passage"]: d for d in docs}
 
     def reply(r: ChatRequest) -> Completion:
-        d = by_passage[_passage_of(r)]
-        if _is_ner(r):
+        d = by_passage[passage_of(r)]
+        if is_ner(r):
             return Completion(json.dumps({"named_entities": d["extracted_entities"]}))
         return Completion(json.dumps({"triples": d["extracted_triples"]}))
 

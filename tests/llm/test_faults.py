@@ -7,16 +7,15 @@ client timeout, or die (stop listening). A SIGKILL test kills an extraction subp
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,103 +23,9 @@ import pytest
 
 pytest.importorskip("openai")
 
-from hippo_gpu.llm.backends.openai import OpenAIBackend  # noqa: E402
 from hippo_gpu.llm.extract import extract_openie  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-
-
-def _title(user: str) -> str:
-    return user.split("Passage:\n", 1)[1].split("\n", 1)[0]
-
-
-def _answer(user: str) -> str:
-    """A deterministic 'extraction': entities = words of the title; one triple."""
-    title = _title(user)
-    if "Named entities:" not in user:
-        return json.dumps({"named_entities": [title, title + " Town"]})
-    return json.dumps({"triples": [[title, "located in", title + " Town"]]})
-
-
-class FaultServer:
-    """OpenAI-compatible server on 127.0.0.1:<ephemeral>.
-
-    faults[title] is a list of actions consumed one per request for that passage: "garbage",
-    "truncated", "500", "hang", "ok". `die_after` stops the server after that many requests.
-    `delay` sleeps before every answer.
-    """
-
-    def __init__(self, *, die_after: int | None = None, delay: float = 0.0) -> None:
-        self.faults: dict[str, list[str]] = {}
-        self.requests: Counter[str] = Counter()  # (title, stage) -> count
-        self.total = 0
-        self.die_after = die_after
-        self.delay = delay
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                user = body["messages"][-1]["content"]
-                title = _title(user)
-                stage = "ner" if "Named entities:" not in user else "triples"
-                with outer.lock:
-                    outer.total += 1
-                    dead = outer.die_after is not None and outer.total > outer.die_after
-                    if not dead:
-                        outer.requests[(title, stage)] += 1
-                    queue = outer.faults.get(title, [])
-                    action = queue.pop(0) if queue else "ok"
-                if dead:
-                    threading.Thread(target=outer.die, daemon=True).start()
-                    self.close_connection = True
-                    return  # no response: the client sees the connection drop
-                if outer.delay:
-                    time.sleep(outer.delay)
-                if action == "hang":
-                    time.sleep(3.0)
-                if action == "500":
-                    self._send(500, {"error": {"message": "boom", "type": "server_error"}})
-                    return
-                content = {"garbage": "<html>502 Bad Gateway</html> no json",
-                           "truncated": '{"named_entities": ["Tru'}.get(action, _answer(user))
-                self._send(200, {
-                    "id": "x", "object": "chat.completion", "created": 0, "model": "fake",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
-                })
-
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and left
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def die(self) -> None:
-        """Stop serving and close the listening socket: new connections are refused."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def close(self) -> None:
-        self.die()
+from tests.llm.fake_llm_server import FaultServer, backend, corpus, send_json  # noqa: E402
 
 
 @pytest.fixture
@@ -128,16 +33,6 @@ def server():
     s = FaultServer()
     yield s
     s.close()
-
-
-def corpus(n: int) -> list[dict[str, str]]:
-    return [{"title": f"P{i:03d}", "text": f"Passage number {i}."} for i in range(n)]
-
-
-def backend(url: str, **kw: Any) -> OpenAIBackend:
-    kw = {"timeout": 1.0, "max_retries": 2, "backoff": 0.01, "max_backoff": 0.05, "seed": 0,
-          "concurrency": 4, **kw}
-    return OpenAIBackend("fake", url, **kw)
 
 
 def test_retries_recover_from_500_and_timeouts(server: FaultServer, tmp_path: Path) -> None:
@@ -277,21 +172,18 @@ def test_sigkill_mid_run_leaves_loadable_cache(tmp_path: Path) -> None:
 
 
 def test_schema_mode_downgrades_when_server_rejects_response_format(tmp_path: Path) -> None:
-    s = FaultServer()
-    handler = s.httpd.RequestHandlerClass
-    original = handler.do_POST
+    class NoJsonSchema(FaultServer):  # refuses response_format json_schema with a 400
+        def post(self, handler: Any) -> None:
+            raw = handler.rfile.read(int(handler.headers["Content-Length"]))
+            if "response_format" in json.loads(raw) and "json_schema" in raw.decode():
+                send_json(handler, 400, {"error": {
+                    "message": "response_format json_schema unsupported",
+                    "type": "invalid_request_error"}})
+                return
+            handler.rfile = io.BytesIO(raw)
+            super().post(handler)
 
-    def do_post(self: Any) -> None:
-        length = int(self.headers["Content-Length"])
-        raw = self.rfile.read(length)
-        if "response_format" in json.loads(raw) and "json_schema" in raw.decode():
-            self._send(400, {"error": {"message": "response_format json_schema unsupported",
-                                       "type": "invalid_request_error"}})
-            return
-        self.rfile = __import__("io").BytesIO(raw)
-        original(self)
-
-    handler.do_POST = do_post
+    s = NoJsonSchema()
     try:
         b = backend(s.url, concurrency=1)
         report = extract_openie(corpus(2), b, tmp_path / "o.json", show_progress=False)

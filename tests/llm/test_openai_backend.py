@@ -8,11 +8,9 @@ that the SDK, not our code, made the retry) and how many requests were in flight
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -21,9 +19,10 @@ pytest.importorskip("openai")
 
 from hippo_gpu.llm.backends.base import ChatRequest  # noqa: E402
 from hippo_gpu.llm.backends.openai import OpenAIBackend  # noqa: E402
+from tests.llm.fake_llm_server import LoopbackServer, send_json  # noqa: E402
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     """script: list of (status, headers, delay_s) consumed one per request; then 200 "ok"."""
 
     def __init__(self) -> None:
@@ -32,60 +31,34 @@ class ScriptedServer:
         self.retry_counts: list[str | None] = []
         self.in_flight = 0
         self.max_in_flight = 0
-        self.lock = threading.Lock()
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                with outer.lock:
-                    outer.arrivals.append(time.monotonic())
-                    outer.retry_counts.append(self.headers.get("x-stainless-retry-count"))
-                    outer.in_flight += 1
-                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
-                    status, headers, delay = outer.script.pop(0) if outer.script else (200, {}, 0)
-                try:
-                    time.sleep(delay)
-                    if status == 200:
-                        body: dict[str, Any] = {
-                            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                            "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": "ok"}}],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": 1,
-                                      "total_tokens": 4},
-                        }
-                    else:
-                        body = {"error": {"message": f"status {status}", "type": "x"}}
-                    data = json.dumps(body).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(data)
-                finally:
-                    with outer.lock:
-                        outer.in_flight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+    def post(self, handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers["Content-Length"]))
+        with self.lock:
+            self.arrivals.append(time.monotonic())
+            self.retry_counts.append(handler.headers.get("x-stainless-retry-count"))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            status, headers, delay = self.script.pop(0) if self.script else (200, {}, 0)
+        try:
+            time.sleep(delay)
+            if status == 200:
+                body: dict[str, Any] = {
+                    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+            else:
+                body = {"error": {"message": f"status {status}", "type": "x"}}
+            send_json(handler, status, body, headers)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

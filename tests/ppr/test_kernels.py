@@ -193,7 +193,7 @@ def test_force_torch_flag(monkeypatch: pytest.MonkeyPatch) -> None:
 _INTERPRETED_CHECK = """
 import numpy as np, torch
 from hippo_gpu.kernels import ppr_triton
-from hippo_gpu.ppr import build_transition, ppr_chebyshev, ppr_iterate, torch_step
+from hippo_gpu.ppr import build_transition, ppr_solve, torch_step
 from tests.reference import dense_adjacency, dense_ppr, edges_to_csr, random_graph, random_reset
 
 assert ppr_triton.INTERPRET
@@ -220,8 +220,8 @@ reset = random_reset(n, q, rng)
 expected = dense_ppr(dense_adjacency(edges, weights, n), reset)
 transition = build_transition(edges_to_csr(edges, weights, n), dtype=torch.float64)
 step = ppr_triton.make_step(transition.matrix, transition.damping)
-for solve in (ppr_chebyshev, ppr_iterate):
-    result = solve(transition, torch.from_numpy(reset), tol=1e-10, step=step)
+for method in ("chebyshev", "power"):
+    result = ppr_solve(transition, torch.from_numpy(reset), method=method, tol=1e-10, step=step)
     assert result.converged
     np.testing.assert_allclose(result.scores.numpy(), expected, rtol=0, atol=1e-9)
 print("ok")

@@ -15,8 +15,7 @@ from hippo_gpu.ppr import (
     build_transition,
     chebyshev_weights,
     personalized_pagerank,
-    ppr_chebyshev,
-    ppr_iterate,
+    ppr_solve,
 )
 from tests.reference import (
     dense_adjacency,
@@ -145,8 +144,8 @@ def test_iterations_reported_and_tol_respected() -> None:
     edges, weights, reset = _case(769, 3, seed=11)
     adjacency = edges_to_csr(edges, weights, 769)
     transition = build_transition(adjacency)
-    loose = ppr_iterate(transition, torch.from_numpy(reset), tol=1e-4)
-    tight = ppr_iterate(transition, torch.from_numpy(reset), tol=1e-12)
+    loose = ppr_solve(transition, torch.from_numpy(reset), method="power", tol=1e-4)
+    tight = ppr_solve(transition, torch.from_numpy(reset), method="power", tol=1e-12)
     assert loose.converged and tight.converged
     assert loose.iterations.shape == (3,) and tight.iterations.shape == (3,)
     assert 1 <= int(loose.iterations.max()) < int(tight.iterations.min())
@@ -263,8 +262,8 @@ def test_chebyshev_bound_is_real_and_saves_steps(device: str, tol: float) -> Non
     edges, weights, reset = _case(n, q, seed=31)
     transition = build_transition(edges_to_csr(edges, weights, n), device=device)
     seeds = torch.from_numpy(reset).to(device)
-    cheb = ppr_chebyshev(transition, seeds, tol=tol)
-    power = ppr_iterate(transition, seeds, tol=tol)
+    cheb = ppr_solve(transition, seeds, method="chebyshev", tol=tol)
+    power = ppr_solve(transition, seeds, method="power", tol=tol)
     assert cheb.converged and power.converged
     expected = _oracle(n, q, 31)
     for result in (cheb, power):

@@ -29,7 +29,7 @@ from hippo_gpu.ppr import (
     PPRSolver,
     ToleranceError,
     build_transition,
-    ppr_iterate,
+    ppr_solve,
     stall_steps,
 )
 from hippo_gpu.ppr.rounding import certifiable_floor, output_rounding
@@ -100,7 +100,8 @@ def test_a_stalled_float32_column_stops_at_its_floor_not_at_max_iter(hub_case) -
     a, seeds, _ = hub_case
     transition = build_transition(_torch_csr(a), dtype=torch.float32)
     tol = 6e-8  # leaves the iterate 4e-10 beside the output's 2⁻²⁴: below float32's floor
-    result = ppr_iterate(transition, torch.from_numpy(seeds).float(), tol=tol, max_iter=1000)
+    result = ppr_solve(transition, torch.from_numpy(seeds).float(), method="power", tol=tol,
+                       max_iter=1000)
     assert bool(result.stalled.any()) and not result.converged
     # in exact arithmetic the bound halves every step at d = 0.5: a stall is caught within
     # stall_steps of the floor, hundreds of steps before max_iter
@@ -254,8 +255,8 @@ def test_a_tol_below_the_output_rounding_is_refused_up_front(small_hub, monkeypa
         solver.solve(torch.from_numpy(seeds), tol=5e-9)
     transition = build_transition(_torch_csr(a), dtype=torch.float32)
     with pytest.raises(ToleranceError):
-        ppr_iterate(transition, torch.from_numpy(seeds).float(), tol=floor32,
-                    step=no_step)  # type: ignore[arg-type]
+        ppr_solve(transition, torch.from_numpy(seeds).float(), method="power", tol=floor32,
+                  step=no_step)  # type: ignore[arg-type]
     # float64 certifies far below, and refuses only below its own rounding
     with pytest.raises(ToleranceError, match="float64 result") as caught:
         PPRSolver(_torch_csr(a), dtype=torch.float64, tol=1e-16)

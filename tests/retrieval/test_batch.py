@@ -71,11 +71,13 @@ def test_parts_of_another_run_are_refused(sample_searcher, tmp_path):
         retrieve_file(sample_searcher, q, tmp_path / "o.jsonl", show_progress=False)
 
 
-def test_killed_run_resumes_with_every_id_once(sample_index_dir, sample_searcher, tmp_path):
+def test_killed_run_resumes_with_every_id_once(sample_hash_index_dir, sample_hash_searcher,
+                                               tmp_path):
+    # the hash:64 index: the child starts without importing sentence-transformers (~5 s)
     rows = _rows(400)
     q = _write_jsonl(tmp_path / "q.jsonl", rows)
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "hippo_gpu.cli", "retrieve", "--index", str(sample_index_dir),
+    cmd = [sys.executable, "-m", "hippo_gpu.cli", "retrieve", "--index", str(sample_hash_index_dir),
            "--queries", str(q), "--out", str(out), "--top-k", "3", "--batch-size", "4",
            "--part-size", "20", "--device", "cpu", "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -94,7 +96,7 @@ def test_killed_run_resumes_with_every_id_once(sample_index_dir, sample_searcher
     assert res.exit_code == 0, res.output
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["id"] for g in got] == [r["id"] for r in rows]  # every id once, in order
-    want = sample_searcher.retrieve([r["query"] for r in rows], top_k=3)
+    want = sample_hash_searcher.retrieve([r["query"] for r in rows], top_k=3)
     assert [g["keys"] for g in got] == [[h.key for h in hits] for hits in want]
     assert f"{done_before * 20} from committed parts" in res.output.replace("\n", " ")
 

@@ -20,6 +20,7 @@ from hippo_gpu.retrieval import blockwise, seeds
 from hippo_gpu.retrieval.blockwise import block_rows, nearest_rows, scores_against, spans
 from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.retrieval.ranking import minmax_rows, topk_stable
+from hippo_gpu.retrieval.results import Hit, SeedTriple
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.retrieval.seeds import fact_topk, plan_chunks
 from tests.helpers import QUERIES
@@ -243,12 +244,13 @@ def _column_bytes(searcher: Searcher, dtype: str) -> int:
 
 def test_sample_retrieve_hits_are_identical(sample_searcher) -> None:
     queries = _sample_queries()
-    whole = sample_searcher.retrieve(queries, top_k=10, mode="hybrid",
-                                     config=RetrievalConfig(chunk_bytes=ONE_CHUNK),
-                                     return_seeds=True)
-    chunked = sample_searcher.retrieve(queries, top_k=10, mode="hybrid",
-                                       config=RetrievalConfig(chunk_bytes=TINY),
-                                       return_seeds=True)
+
+    def retrieve(config: RetrievalConfig) -> tuple[list[list[Hit]], list[list[SeedTriple]]]:
+        ranking = sample_searcher.rank(queries, top_k=10, mode="hybrid", config=config)
+        return sample_searcher.to_hits(ranking), ranking.seeds
+
+    whole = retrieve(RetrievalConfig(chunk_bytes=ONE_CHUNK))
+    chunked = retrieve(RetrievalConfig(chunk_bytes=TINY))
     assert chunked == whole  # keys, titles, scores, ranks, rows and seed facts
 
 

@@ -129,7 +129,7 @@ def test_exact_match_linking_only_with_an_uncased_encoder(sample_index, sample_s
     assert enc.calls == [[entity]]  # encoded, not linked by its text
     enc.calls.clear()
     uncased = Searcher(sample_index, encoder=enc)
-    uncased._uncased = True
+    uncased.query_encoder.uncased = True
     uncased.entity_scores([[entity]], RetrievalConfig())
     assert enc.calls == []  # the shortcut: no encoding
 

@@ -26,6 +26,7 @@ from hippo_gpu.data import as_passages, read_openie
 from hippo_gpu.indexing.vector_search import knn
 from hippo_gpu.retrieval import hipporag1 as v1
 from hippo_gpu.retrieval.entities import heuristic_entities
+from hippo_gpu.retrieval.solvers import build_solver
 from hippo_gpu.sample import paths
 from tests.reference import dense_adjacency, dense_ppr
 
@@ -186,7 +187,7 @@ def assert_ranking(rows: list[int], ref: np.ndarray, atol: float = ATOL) -> None
 def functional_scores(searcher, graph, entities, cfg=CFG64):
     texts, owner = v1.flatten_entities(entities)
     rows = v1.link_entities(searcher.encoder.encode(texts), searcher.index.phrase_emb)
-    scores, has, _ = v1.passage_scores(graph, v1.make_solver(graph, cfg), rows,
+    scores, has, _ = v1.passage_scores(graph, build_solver(graph.adjacency, cfg.ppr), rows,
                                     torch.tensor(owner, dtype=torch.int64), len(entities))
     return scores.numpy(), has
 
@@ -352,6 +353,6 @@ def test_the_searcher_builds_the_v1_structures_once(tiny):
     index, _, _, _ = tiny
     searcher = Searcher(index, encoder=tiny[1].encoder)
     searcher.rank(["q"], top_k=3, mode="hipporag1", query_entities=[["Harrowgate"]])
-    graph = searcher._hipporag1
+    graph = searcher.entities.v1_graph
     r = searcher.rank(["q"], top_k=3, mode="hipporag1", query_entities=[["Harrowgate"]])
-    assert searcher._hipporag1 is graph and "graph" not in r.stage_seconds
+    assert searcher.entities.v1_graph is graph and "graph" not in r.stage_seconds

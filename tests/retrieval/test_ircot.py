@@ -6,7 +6,6 @@ one batched retrieval per step, failures that end one question only, and the cac
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -22,23 +21,10 @@ from hippo_gpu.retrieval.ircot import (  # noqa: E402
     ircot_one_at_a_time,
     ircot_retrieve,
 )
-from hippo_gpu.sample import paths  # noqa: E402
+from tests.retrieval.ircot_thoughts import QUESTIONS, SCRIPT  # noqa: E402
 from tests.scripted_llm import HTTP, fast_backend, scripted_llm  # noqa: E402
 
-QUESTIONS = [q["question"] for q in json.loads(paths()["questions"].read_text())]
 Q1, Q2, Q3, Q4 = QUESTIONS
-# natural thoughts for the sample's four 3-hop questions; Q2's never says the answer
-SCRIPT: dict[str, list[Any]] = {
-    Q1: ["The tidal clock was invented by Marta Quill.", "Marta Quill was born in Harrowgate.",
-         "Harrowgate lies on the River Selden. So the answer is: River Selden."],
-    Q2: ["The director of the Lumen Museum is Edwin Pell.",
-         "Edwin Pell studied at Castellan College.", "Castellan College has a founder."],
-    Q3: ["Varnholt is the capital of Eastmere.",
-         "The governor of Eastmere is Tomas Reyne, born in Millbrook. So the answer is: "
-         "Millbrook."],
-    Q4: ["The Lumen Museum is in Varnholt.", "The Ondra ferry connects Varnholt with Skerrow.",
-         "The lighthouse on Skerrow was designed by Jonas Vell. So the answer is: Jonas Vell."],
-}
 
 
 class CountingSearcher:

@@ -25,7 +25,7 @@ from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.schema import NO_IRCOT  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
-from tests.retrieval.test_ircot import QUESTIONS, SCRIPT  # noqa: E402
+from tests.retrieval.ircot_thoughts import QUESTIONS, SCRIPT  # noqa: E402
 from tests.scripted_llm import fast_backend, scripted_llm  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hippo_gpu import Searcher, SearcherSpec, load_index
+from hippo_gpu import Searcher, SearcherOptions, SearcherSpec, load_index
 from hippo_gpu.config import MODES, RetrievalConfig
 from hippo_gpu.retrieval.spec import DEFAULT_WARM_UP
 from tests.helpers import QUERIES
@@ -43,9 +43,9 @@ def test_open_ranks_as_the_manual_recipe(sample_index_dir: Path, sample_searcher
 def test_open_with_precision_and_config_as_the_manual_recipe(sample_index_dir: Path):
     cfg = RetrievalConfig(dtype="float64", linking_top_k=3)
     spec = SearcherSpec(sample_index_dir, device="cpu", precision="bfloat16",
-                        query_backend="torch", config=cfg)
+                        options=SearcherOptions(query_backend="torch"), config=cfg)
     manual = Searcher(load_index(sample_index_dir, device="cpu", precision="bfloat16"), cfg,
-                      query_backend="torch")
+                      SearcherOptions(query_backend="torch"))
     opened = spec.open()
     assert opened.index.precision == "bfloat16" and opened.config == cfg
     assert opened.encoder_config == manual.encoder_config
@@ -65,12 +65,14 @@ def test_open_takes_an_index_already_loaded(sample_index_dir: Path, sample_index
 
 def test_pickle_round_trip_and_normalised_fields(tmp_path: Path):
     spec = SearcherSpec(str(tmp_path), device="cuda:1", precision="float16",
-                        query_precision="bfloat16", query_backend="onnx", threads=3,
+                        options=SearcherOptions(query_precision="bfloat16",
+                                                query_backend="onnx",
+                                                cache_dir=str(tmp_path / "cache")), threads=3,
                         warm_up=["dense", "hybrid"], config=RetrievalConfig(dtype="float64"),
-                        encoder_model="some/encoder", cache_dir=str(tmp_path / "cache"))
+                        encoder_model="some/encoder")
     back = pickle.loads(pickle.dumps(spec))
     assert back == spec and hash(back) == hash(spec)
-    assert back.index == tmp_path and back.cache_dir == tmp_path / "cache"  # str -> Path
+    assert back.index == tmp_path and back.options.cache_dir == tmp_path / "cache"  # str -> Path
     assert back.warm_up == back.warm_up_modes == ("dense", "hybrid")  # a list -> a tuple
     assert SearcherSpec(tmp_path, warm_up=True).warm_up_modes == DEFAULT_WARM_UP
     assert SearcherSpec(tmp_path).warm_up_modes == ()
@@ -80,8 +82,8 @@ def test_pickle_round_trip_and_normalised_fields(tmp_path: Path):
     ("index", "", "index must be an index directory path"),
     ("device", "gpu0", "unknown device 'gpu0'"),
     ("precision", "float64", "precision must be one of"),
-    ("query_precision", "int8", "query_precision must be None or one of"),
-    ("query_backend", "tensorrt", "query_backend must be one of"),
+    ("options", {"query_backend": "torch"}, "options must be a SearcherOptions"),
+    ("options", SearcherOptions(query_base_url="http://x/v1"), "name the server in encoder_model"),
     ("threads", 0, "threads must be None or >= 1"),
     ("warm_up", ("dense", "fast"), r"warm_up modes must be among .* \['fast'\]"),
     ("warm_up", "dense", "warm_up must be a bool or a sequence of modes"),
@@ -92,6 +94,25 @@ def test_bad_field_is_a_clear_value_error(tmp_path: Path, field: str, value, mes
     kwargs = {"index": tmp_path, field: value}
     with pytest.raises(ValueError, match=message):
         SearcherSpec(**kwargs)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("query_precision", "int8", "query_precision must be None or one of"),
+    ("query_backend", "tensorrt", "query_backend must be one of"),
+    ("query_batch_size", 0, "query_batch_size must be None or an int >= 1"),
+])
+def test_bad_option_is_a_clear_value_error(field: str, value, message: str):
+    with pytest.raises(ValueError, match=message):
+        SearcherOptions(**{field: value})
+
+
+def test_a_searcher_over_another_version_keeps_its_options_and_encoder(sample_searcher):
+    opts = SearcherOptions(query_backend="torch", query_batch_size=7)
+    first = Searcher(sample_searcher.index, options=opts, encoder=sample_searcher.encoder)
+    other = first.over(sample_searcher.index)
+    assert other.options is opts and other.encoder_config == first.encoder_config
+    assert other.loaded_encoder is sample_searcher.encoder
+    assert other.encoder_config.query_batch_size == 7
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

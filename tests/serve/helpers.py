@@ -19,7 +19,8 @@ from tests.loopback import serve_asgi
 
 
 class Gate:
-    """Wraps the real searcher; `retrieve` waits until the gate opens (or raises, if told to)."""
+    """Wraps the real searcher; `rank` (what the service calls) waits until the gate opens (or
+    raises, if told to); `to_hits` is the searcher's."""
 
     def __init__(self, searcher: Any, *, raise_error: Exception | None = None) -> None:
         self._searcher = searcher
@@ -28,12 +29,15 @@ class Gate:
         self.entered = threading.Event()
         self.raise_error = raise_error
 
-    def retrieve(self, queries: list[str], *, top_k: int, mode: str, **kw: Any) -> Any:
+    def rank(self, queries: list[str], *, top_k: int, mode: str, **kw: Any) -> Any:
         self.entered.set()
         assert self.opened.wait(30), "gate never opened"
         if self.raise_error is not None:
             raise self.raise_error
-        return self._searcher.retrieve(queries, top_k=top_k, mode=mode, **kw)
+        return self._searcher.rank(queries, top_k=top_k, mode=mode, **kw)
+
+    def to_hits(self, ranking: Any) -> Any:
+        return self._searcher.to_hits(ranking)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from hippo_gpu.serve.config import CostLimits, QueryLimits  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.helpers import QUERIES  # noqa: E402
 from tests.serve.helpers import serving  # noqa: E402
-from tests.serve.test_metrics import delta, scrape  # noqa: E402
+from tests.serve.prometheus_samples import delta, scrape  # noqa: E402
 
 # The request: the schema's largest batch at its largest top_k, explained.
 WIDEST = [f"{QUERIES[i % 3]} ({i})" for i in range(64)]

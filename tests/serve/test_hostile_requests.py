@@ -28,7 +28,7 @@ from hippo_gpu.data import passage_key  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
 from hippo_gpu.serve.config import QueryLimits, WriteLimits  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
+from hippo_gpu.serve.writes import WritableHolder  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
 
 TOKEN = "hostile-requests-token-7f"
@@ -59,7 +59,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, P
     out = tmp_path_factory.mktemp("hostile") / "idx"
     build_index(corpus, files["openie"], out, encoder="hash:16", device="cpu",
                 ppr_basis=False, allow_missing_openie=True)
-    holder = SearcherHolder(Searcher(load_index(out, device="cpu")), out, device="cpu",
+    holder = WritableHolder(Searcher(load_index(out, device="cpu")), out, device="cpu",
                             compact_quiet=None)
     app = create_app(holder, CONFIG)
     with serve_asgi(app) as (url, _):

@@ -129,17 +129,19 @@ async def _check_tools(client: Client, searcher: Any) -> None:
         await client.read_resource("passage://chunk-00000000000000000000000000000000")
 
 
-def test_stdio_command(sample_index_dir: Path, sample_searcher: Any) -> None:
+def test_stdio_command(sample_hash_index_dir: Path, sample_hash_searcher: Any) -> None:
+    # the hash:64 index: the child starts without importing sentence-transformers (~5 s); the
+    # claim is the stdio transport, checked against the offline searcher of the same index
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "hippo_gpu.cli", "mcp", "--index", str(sample_index_dir), "--device", "cpu",
-              "--no-warmup"],
+        args=["-m", "hippo_gpu.cli", "mcp", "--index", str(sample_hash_index_dir), "--device",
+              "cpu", "--no-warmup"],
         env=env, cwd=str(REPO))  # fmt: skip
 
     async def run() -> None:
         async with Client(params, read_timeout_seconds=300) as client:
-            await _check_tools(client, sample_searcher)
+            await _check_tools(client, sample_hash_searcher)
 
     asyncio.run(asyncio.wait_for(run(), 600))
 
@@ -151,8 +153,8 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
     the offline batched loop fed the same scripted thoughts; its max_steps capped."""
     from hippo_gpu.llm.ircot import IRCoTReasoner
     from hippo_gpu.retrieval.ircot import ircot_retrieve
-    from tests.retrieval.test_ircot import QUESTIONS as IRCOT_QUESTIONS
-    from tests.retrieval.test_ircot import SCRIPT
+    from tests.retrieval.ircot_thoughts import QUESTIONS as IRCOT_QUESTIONS
+    from tests.retrieval.ircot_thoughts import SCRIPT
     from tests.scripted_llm import fast_backend, scripted_llm
 
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -239,7 +241,7 @@ def test_the_tools_keep_the_work_budget(sample_searcher: Any) -> None:
     estimate of serve/budget.py, as HTTP's 413), counted; the session goes on."""
     from hippo_gpu.serve.budget import request_cost
     from hippo_gpu.serve.config import CostLimits
-    from tests.serve.test_metrics import delta, scrape
+    from tests.serve.prometheus_samples import delta, scrape
 
     passages = len(sample_searcher.index.passage_keys)
     with serving(sample_searcher, ServerConfig(cost=CostLimits(max_request_cost=60))) as (

@@ -18,30 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from hippo_gpu.serve.batcher import BatcherConfig  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
 from tests.serve.helpers import Gate, serving, tensor_bytes_reference  # noqa: E402
-
-TOKEN = "metrics-token-77"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(client: httpx.Client) -> Samples:
-    r = client.get("/metrics", headers=AUTH)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
+from tests.serve.prometheus_samples import AUTH, TOKEN, Samples, delta, scrape, value  # noqa: E402
 
 
 def test_counts_move_by_exactly_the_traffic_sent(sample_searcher: Any) -> None:

@@ -264,7 +264,7 @@ def test_schemathesis_finds_no_failure(case: Any) -> None:
 def test_the_fuzzer_met_the_budget(live_server: tuple[str, str | None]) -> None:
     """After the run above, the token server (FUZZ_BUDGET) has refused some explain as over
     budget: the 413 with its body was met, and accepted, by every check."""
-    from tests.serve.test_metrics import value
+    from tests.serve.prometheus_samples import value
 
     url, token = live_server
     if token is None:

@@ -350,7 +350,7 @@ def test_seed_facts_are_served(searcher: Any) -> None:
     with serving(searcher, ServerConfig()) as (url, _):
         r = httpx.post(url + "/v1/retrieve", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    _, want = searcher.retrieve(body["queries"], top_k=3, return_seeds=True)
+    want = searcher.rank(body["queries"], top_k=3).seeds
     assert r.json()["seeds"] == [[list(f) for f in per_query] for per_query in want]
 
 
@@ -393,7 +393,10 @@ def test_shutdown_finishes_in_flight_batches(searcher: Any, queries: list[str]) 
         assert_same_ranking(r.json()["results"][0], offline_hits(searcher, [q], 3, "dense")[0])
 
 
-def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(index_dir: Path) -> None:
+def test_cli_serves_with_token_from_env_and_exits_cleanly_on_sigint(
+        sample_hash_index_dir: Path) -> None:
+    # the hash:64 index: the server process starts without importing sentence-transformers
+    index_dir = sample_hash_index_dir
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

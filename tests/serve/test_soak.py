@@ -34,7 +34,7 @@ from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.ppr import default_tol  # noqa: E402
 from hippo_gpu.storage.directory import READERS_LOCK  # noqa: E402
 from hippo_gpu.synthetic import synthetic_corpus  # noqa: E402
-from tests.versions.test_writer import leftovers  # noqa: E402
+from tests.versions.index_checks import leftovers  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a served soak of writes and queries
 
@@ -155,7 +155,7 @@ def test_every_committed_write_is_visible_to_the_next_request(run: Run) -> None:
 def test_the_final_index_equals_a_fresh_build_of_the_final_corpus(run: Run) -> None:
     """The directory's version (after the server's compactions) is the build of the corpus the
     writes left, passages in the writer's order, compared by what a user sees: counts, edges
-    and weights and synonym pairs by name (tests/versions/test_writer.py's comparison, through
+    and weights and synonym pairs by name (tests/versions/index_checks.py's comparison, through
     benchmarks/soak.py), and the served rankings those of that build up to certified ties:
     hipporag2 within the two solves' bounds (the server's tol, the build's reported bound),
     dense and hybrid, whose scores carry no certificate, within soak.UNCERTIFIED_TIE. Each

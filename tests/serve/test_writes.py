@@ -3,7 +3,9 @@ queries see, errors that change nothing, and queries answered during writes from
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +19,9 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from hippo_gpu import Searcher, build_index, load_index  # noqa: E402
 from hippo_gpu.sample import paths  # noqa: E402
+from hippo_gpu.serve.holder import SearcherHolder  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
-from hippo_gpu.serve.writes import SearcherHolder  # noqa: E402
+from hippo_gpu.serve.writes import WritableHolder  # noqa: E402
 from tests.loopback import serve_asgi  # noqa: E402
 from tests.storage.diskfull import FullDisk  # noqa: E402
 
@@ -32,22 +35,30 @@ def serving(app) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture()
-def setup(tmp_path: Path, sample_searcher):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, sample_searcher):
+    """The sample's first 25 passages saved, the other 5 with their triples, and a fresh build of
+    all 30: built once per module (read-only; each test writes to its own copy of the index)."""
     files = paths()
     corpus = json.loads(Path(files["corpus"]).read_text())
     openie = json.loads(Path(files["openie"]).read_text())
-    build_index(corpus[:25], openie, tmp_path / "idx", device="cpu",
-                encoder=sample_searcher.encoder)
-    searcher = Searcher(load_index(tmp_path / "idx", device="cpu"),
-                        encoder=sample_searcher.encoder)
-    holder = SearcherHolder(searcher, tmp_path / "idx", device="cpu", compact_quiet=None)
+    base = tmp_path_factory.mktemp("writes") / "idx"
+    build_index(corpus[:25], openie, base, device="cpu", encoder=sample_searcher.encoder)
     by_passage = {d["passage"]: d for d in openie["docs"]}
     new = [{"title": p["title"], "text": p["text"],
             "triples": by_passage[f"{p['title']}\n{p['text']}"]["extracted_triples"]}
            for p in corpus[25:]]
     full = build_index(corpus, openie, None, device="cpu", encoder=sample_searcher.encoder)
-    return holder, new, full, tmp_path / "idx"
+    return base, new, full
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, built, sample_searcher):
+    base, new, full = built
+    index_dir = shutil.copytree(base, tmp_path / "idx")
+    searcher = Searcher(load_index(index_dir, device="cpu"), encoder=sample_searcher.encoder)
+    holder = WritableHolder(searcher, index_dir, device="cpu", compact_quiet=None)
+    return holder, copy.deepcopy(new), full, index_dir
 
 
 def test_insert_and_delete_switch_queries_atomically(setup) -> None:
@@ -320,10 +331,10 @@ def test_an_oversized_request_is_answered_from_one_version(setup, monkeypatch) -
     holder, new, _full, _ = setup
     first = holder.current
     before = first.index.version
-    real = first.retrieve
+    real = first.rank
     calls = []
 
-    def retrieve_then_write(*args, **kwargs):
+    def rank_then_write(*args, **kwargs):
         out = real(*args, **kwargs)
         if not calls:  # after the first chunk: a write commits and switches the holder
             holder.write(lambda w: w.insert_docs([Passage(new[0]["title"], new[0]["text"])],
@@ -331,7 +342,7 @@ def test_an_oversized_request_is_answered_from_one_version(setup, monkeypatch) -
         calls.append(len(args[0]))
         return out
 
-    monkeypatch.setattr(first, "retrieve", retrieve_then_write)
+    monkeypatch.setattr(first, "rank", rank_then_write)
     service = RetrievalService({"default": holder}, BatcherConfig(max_batch=2, max_wait_ms=1))
 
     async def main():

@@ -3,7 +3,8 @@ equals the segments replayed one by one (versions before it), bit for bit: table
 embedding row, adjacency, synonym lists, counts and report.
 
 The reference is the sequential replay (chain.replay per segment, each checked against a fresh
-build in test_writer.py). So that a text taking the wrong segment's vector is seen, every
+build in test_writes_equal_a_rebuild.py). So that a text taking the wrong segment's vector is
+seen, every
 segment's stored vectors are replaced by distinct random ones before both replays (the tables
 and synonym lists do not depend on them): a commit's encoder, cached, would give a text the
 same vector in every segment.

@@ -1,11 +1,14 @@
-"""Child processes for tests/versions/test_writer.py: writers that die mid-commit, or hold the lock.
+"""Child processes for tests/versions/test_writer_crashes.py and test_writer_lock.py: writers
+that die mid-commit, or hold the lock.
 
     python tests/versions/writer_fault_child.py kill JOBS.json
-        JOBS.json: {"jobs": [{"index_dir": ..., "step": ...}, ...], "corpus": passages JSON,
-        "openie": OpenIE JSON, "cache_dir": embedding cache}. For each job a fresh process (a
-        fork of this one) opens an IndexWriter on job["index_dir"], inserts the corpus and
-        commits, with `on_step` calling os._exit(137) at job["step"]: no `finally`, no atexit,
-        no flush, as under SIGKILL. Prints one JSON line {step: exit status}.
+        JOBS.json: {"jobs": [{"index_dir": ..., "step": ..., "compact"?: bool, "name"?: ...},
+        ...], "compact"?: bool, "warm_model"?: bool, "corpus": passages JSON, "openie": OpenIE
+        JSON, "cache_dir": embedding cache}. For each job a fresh process (a fork of this one)
+        opens an IndexWriter on job["index_dir"], inserts the corpus and commits, with `on_step`
+        calling os._exit(137) at job["step"] (of the commit, or with "compact" of the compaction
+        after it): no `finally`, no atexit, no flush, as under SIGKILL. Prints one JSON line
+        {name (default: step): exit status}.
     python tests/versions/writer_fault_child.py hold INDEX_DIR
         Opens an IndexWriter, prints "locked <pid>", and keeps the lock until stdin closes.
 
@@ -32,8 +35,9 @@ def _kill_jobs(spec_path: str) -> None:
     from hippo_gpu.versions.writer import IndexWriter
 
     spec = json.loads(open(spec_path, encoding="utf-8").read())
-    # warm the imports and the model files once; each writer still loads its own encoder
-    Encoder(EncoderConfig(), torch.device("cpu"), cache_dir=spec["cache_dir"])
+    if spec.get("warm_model", True):  # false for an index whose encoder loads no model
+        # warm the imports and the model files once; each writer still loads its own encoder
+        Encoder(EncoderConfig(), torch.device("cpu"), cache_dir=spec["cache_dir"])
     status: dict[str, int] = {}
     for job in spec["jobs"]:
         pid = os.fork()
@@ -43,7 +47,8 @@ def _kill_jobs(spec_path: str) -> None:
                     if name == target:
                         os._exit(137)
 
-                compact = bool(spec.get("compact"))  # kill the compaction, not the commit
+                # kill the compaction, not the commit (per job, or for every job)
+                compact = bool(job.get("compact", spec.get("compact")))
                 w = IndexWriter(job["index_dir"], device="cpu", cache_dir=spec["cache_dir"],
                                 on_step=None if compact else die_at,
                                 compact_after=None if compact else 16).open()
@@ -58,7 +63,7 @@ def _kill_jobs(spec_path: str) -> None:
                 sys.stderr.flush()
                 os._exit(1)
         _, code = os.waitpid(pid, 0)
-        status[job["step"]] = os.waitstatus_to_exitcode(code)
+        status[job.get("name", job["step"])] = os.waitstatus_to_exitcode(code)
     print(json.dumps(status), flush=True)
 
 

@@ -1,0 +1,264 @@
+"""IndexWriter (hippo_gpu/versions/writer.py) against its claim: after any inserts and deletes, the
+index equals a fresh `build_index` of the final corpus in the writer's order (kept passages in their
+order, then inserted ones). The reference is always an independent fresh build; both sides read
+their vectors through one embedding cache, so equal texts have bit-identical vectors and every
+difference is the writer's (tests/versions/index_checks.py compares them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from hippo_gpu import build_index, load_index
+from hippo_gpu.config import EncoderConfig, GraphConfig
+from hippo_gpu.data import read_questions
+from hippo_gpu.embed import Encoder
+from hippo_gpu.indexing.index import Index
+from hippo_gpu.retrieval.searcher import Searcher
+from hippo_gpu.versions.writer import IndexWriter
+from tests.helpers import musique_or_skip
+from tests.versions.index_checks import (
+    assert_same_basis,
+    assert_same_index,
+    assert_same_rankings,
+    build,
+    content_stats,
+    copy_index,
+    docs_for,
+    leftovers,
+    manifest_version,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the parity graph (2 synonym pairs on the sample) and one with many synonym edges and a binding
+# max-neighbours cut (63 pairs), so the incremental synonym update is exercised for real
+GRAPHS = {
+    "parity": GraphConfig(),
+    "dense_synonyms": GraphConfig(synonym_threshold=0.5, synonym_max_neighbors=2,
+                                  knn_backend="torch"),
+}
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_random_changes_equal_a_fresh_build(graph_name, enc, sample):
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    graph = GRAPHS[graph_name]
+    corpus = sample["corpus"]
+
+    @hypothesis.settings(max_examples=30, derandomize=True, database=None, deadline=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(data=st.data())
+    def run(data):
+        initial = data.draw(st.lists(st.sampled_from(range(len(corpus))), min_size=2,
+                                     max_size=20, unique=True), label="initial")
+        model = [corpus[i] for i in initial]  # the expected order
+        committed = list(model)
+        with tempfile.TemporaryDirectory() as tmp:
+            index_dir = Path(tmp) / "index"
+            build(enc, sample, model, index_dir, graph)
+            version = manifest_version(index_dir)
+            w = IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None).open()
+            try:
+                for _ in range(data.draw(st.integers(1, 6), label="ops")):
+                    op = data.draw(st.sampled_from(["insert", "delete", "insert_present",
+                                                    "reopen", "compact"]), label="op")
+                    if op == "insert":  # may include present passages: those are skipped
+                        rows = data.draw(st.lists(st.sampled_from(range(len(corpus))),
+                                                  min_size=1, max_size=5, unique=True))
+                        batch = [corpus[i] for i in rows]
+                        new = [p for p in batch if p not in model]
+                        whole_file = data.draw(st.booleans(), label="whole OpenIE file")
+                        openie = sample["openie_path"] if whole_file else docs_for(sample, new)
+                        assert w.insert(batch, openie) == len(new)
+                        model += new
+                    elif op == "insert_present":
+                        batch = data.draw(st.lists(st.sampled_from(model), min_size=1,
+                                                   max_size=3, unique=True))
+                        assert w.insert(batch, {"docs": []}) == 0  # no OpenIE needed
+                    elif op == "delete" and len(model) > 1:
+                        gone = data.draw(st.lists(st.sampled_from(model), min_size=1,
+                                                  max_size=len(model) - 1, unique=True))
+                        assert w.delete([p.key for p in gone]) == len(gone)
+                        model = [p for p in model if p not in gone]
+                    elif op == "reopen":
+                        w.close()  # uncommitted changes are discarded
+                        model = list(committed)
+                        w = IndexWriter(index_dir, device="cpu", encoder=enc,
+                                        compact_after=None).open()
+                        assert not w.pending
+                    elif op == "compact" and not w.pending:
+                        w.compact()  # a new base of the same content, basis solved
+                        version += 1
+                        assert w.index.basis is not None
+                        assert manifest_version(index_dir) == version
+                    if w.pending and data.draw(st.booleans(), label="commit"):
+                        w.commit()
+                        report = w.last_change
+                        version += 1
+                        committed = list(model)
+                        assert report.version == version == manifest_version(index_dir)
+                        assert w.index.passage_keys == [p.key for p in model]
+                if w.pending:
+                    w.commit()
+            finally:
+                w.close()
+            got = load_index(index_dir, device="cpu")
+            assert leftovers(index_dir) == []
+        want = build(enc, sample, model, graph=graph)
+        assert_same_index(got, want)
+        assert_same_rankings(got, want, enc, sample["questions"])
+
+    run()
+
+
+def test_insert_then_delete_restores_the_build(enc, sample, base_dir, tmp_path):
+    """Inserting passages and deleting them again gives the original index (order included)."""
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    added = sample["corpus"][20:]
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+        assert w.insert(added, sample["openie_path"]) == 10
+        w.commit()
+        report = w.last_change
+        assert (report.passages_added, report.passages_removed) == (10, 0)
+        assert report.phrases_added > 0 and report.facts_added > 0
+        assert_same_index(w.index, build(enc, sample, sample["corpus"]))
+        assert w.delete([p.key for p in added]) == 10
+    got = load_index(index_dir, device="cpu")
+    want = load_index(base_dir, device="cpu")
+    assert_same_index(got, want)
+    assert_same_rankings(got, want, enc, sample["questions"])
+
+
+def test_malformed_triples_and_errors_are_counted_as_a_build_counts_them(enc, sample, tmp_path):
+    """The report's triple counts follow each commit from the last version's (removed passages'
+    malformed counts and error flags taken out, added ones' put in): equal to a fresh build's
+    where passages carry malformed triples and OpenIE errors."""
+    corpus = sample["corpus"]
+    docs = json.loads(json.dumps(sample["openie"]))
+    for i, doc in enumerate(docs["docs"]):
+        if i % 3 == 0:
+            doc["extracted_triples"] = doc["extracted_triples"] + [["only", "two"], [1, 2, 3]]
+        if i % 4 == 1:
+            doc["error"] = "timeout"
+    dirty = dict(sample, openie=docs)
+    index_dir = tmp_path / "index"
+    build(enc, dirty, corpus[:12], index_dir)
+    with IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None) as w:
+        w.insert(corpus[12:18], docs)
+        w.delete([corpus[0].key, corpus[3].key, corpus[5].key])
+        got = w.commit()
+    final = [p for p in corpus[:18] if p not in (corpus[0], corpus[3], corpus[5])]
+    want = build(enc, dirty, final)
+    assert want.report["malformed_triples"] > 0 and want.report["passages_with_error"] > 0
+    assert_same_index(got, want)
+    assert_same_index(load_index(index_dir, device="cpu"), want)  # the replayed version too
+
+
+def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, monkeypatch):
+    """commit() returns the Index it committed, equal to load_index of the new version (counts,
+    report, keys, tables, adjacency, synonyms); the writer builds on it when reopened, reading
+    the index from disk again only after another writer changed it."""
+    import hippo_gpu.versions.writer as writer_module
+    from hippo_gpu.data import OpenIEDoc, read_openie
+
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    corpus = sample["corpus"]
+    reads: list[Path] = []
+    real_load = writer_module.load_version
+    monkeypatch.setattr(writer_module, "load_version",
+                        lambda path, **kw: reads.append(path) or real_load(path, **kw))
+    w = IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None)
+    with w:
+        w.insert(corpus[20:23], sample["openie_path"])
+        w.delete([corpus[3].key])
+        got = w.commit()
+        assert got is w.index and w.last_change.version == got.version == 2
+    want = load_index(index_dir, device="cpu")
+    assert (got.version, got.path, got.precision) == (want.version, want.path, want.precision)
+    assert got.counts == want.counts and got.report == want.report
+    assert got.config == want.config and got.predicates == want.predicates
+    assert got.passage_titles == want.passage_titles
+    assert got.passage_malformed == want.passage_malformed
+    assert got.passage_error == want.passage_error
+    assert_same_index(got, want)
+    for part in ("crow_indices", "col_indices", "values"):
+        assert torch.equal(getattr(got.adjacency, part)(), getattr(want.adjacency, part)()), part
+    for name in ("passage_nodes", "incidence_phrase", "incidence_passage", "synonym_src",
+                 "synonym_dst", "synonym_score"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert reads == [index_dir]  # the first open only
+
+    # reopened: builds on the committed Index (no read); structured docs insert as a file does
+    new = corpus[23:26]
+    docs, _ = read_openie(docs_for(sample, new), new)
+    raw = {d["idx"]: d for d in sample["openie"]["docs"]}
+    assert docs == [OpenIEDoc.from_raw(raw[p.key]["extracted_entities"],
+                                       raw[p.key]["extracted_triples"]) for p in new]
+    with w:
+        assert w.insert_docs(new + corpus[:1], docs + docs[:1]) == 3  # corpus[0] is present
+        assert w.commit() is w.index
+    assert reads == [index_dir]
+    order = [p for p in corpus[:23] if p != corpus[3]] + new
+    assert_same_index(load_index(index_dir, device="cpu"), build(enc, sample, order))
+
+    with IndexWriter(index_dir, device="cpu", encoder=enc,
+                     compact_after=None) as other:  # another writer commits a segment
+        other.delete([corpus[4].key])
+    before = len(reads)
+    with w:
+        assert w.index.version == 4 and corpus[4].key not in w.index.passage_keys
+    assert len(reads) == before  # not read again: the other writer's segment was replayed
+    assert_same_index(w.index, load_index(index_dir, device="cpu"))
+
+
+@pytest.mark.slow
+def test_musique_insert_and_delete_equal_full_builds(tmp_path):
+    from hippo_gpu.evaluate import evaluate_mode
+
+    data = musique_or_skip()
+    corpus = json.loads((data / "corpus.json").read_text(encoding="utf-8"))
+    openie = data / "openie_gpt-3.5-turbo-1106.json"
+    questions = read_questions(data / "questions.json")[:100]
+    cut = int(0.9 * len(corpus))
+    cache = Path(os.environ.get("HIPPO_GPU_CACHE", Path.home() / ".cache" / "hippo_gpu"))
+    encoder = Encoder(EncoderConfig(), torch.device("cpu"), cache_dir=cache / "embeddings")
+
+    def run(index: Index):
+        return evaluate_mode(Searcher(index, encoder=encoder), questions, "hipporag2", top_k=200)
+
+    full = build_index(corpus, openie, encoder=encoder, device="cpu")
+    head = build_index(corpus[:cut], openie, tmp_path / "index", encoder=encoder, device="cpu")
+    full_res, head_res = run(full), run(head)
+
+    with IndexWriter(tmp_path / "index", device="cpu", encoder=encoder) as w:
+        assert w.insert(corpus[cut:], openie) == len(corpus) - cut
+        w.commit()
+        assert content_stats(w.index) == content_stats(full)
+        grown = w.compact()  # the basis of the grown graph
+        assert content_stats(grown) == content_stats(full)
+        assert_same_basis(grown, full)
+        assert grown.passage_keys == full.passage_keys
+        grown_res = run(grown)
+        assert grown_res.recall == full_res.recall
+        same = sum(a[:10] == b[:10] for a, b in zip(grown_res.ranked_keys, full_res.ranked_keys))
+        assert same >= 98, f"identical top-10 for {same}/100 questions"
+        w.delete(grown.passage_keys[cut:])
+        w.commit()
+        assert content_stats(load_index(tmp_path / "index", device="cpu")) == \
+            content_stats(head)  # the segment replayed
+        w.compact()
+    shrunk = load_index(tmp_path / "index", device="cpu")
+    assert content_stats(shrunk) == content_stats(head)
+    assert_same_basis(shrunk, head)
+    shrunk_res = run(shrunk)
+    assert shrunk_res.recall == head_res.recall
+    assert sum(a[:10] == b[:10] for a, b in zip(shrunk_res.ranked_keys,
+                                                head_res.ranked_keys)) >= 98
