@@ -67,7 +67,7 @@ def _parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _changed_columns(old: Any, new: Any, node_to_new: Any) -> Any:
+def changed_columns(old: Any, new: Any, node_to_new: Any) -> Any:
     """Old nodes whose transition column changes (M' e_u' != M e_u, in the new numbering):
     rows compared by (entries, Σ A, Σ A·(col + 1)) after the old columns are renumbered and
     the removed neighbours dropped (an unchanged row gives the same sums bit for bit)."""
@@ -168,7 +168,7 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
         m_new = len(new.phrases)
         node_to_new = np.concatenate([plan.phrase_to_new,
                                       np.where(plan.keep, plan.passage_to_new + m_new, -1)])
-        s = _changed_columns(base.adjacency, new.adjacency, node_to_new)
+        s = changed_columns(base.adjacency, new.adjacency, node_to_new)
         # x_j[u] to |Δ| <= A / (4 |S| d/(1 - d)): an h-weighted push budget of |Δ| / (D_u cmax)
         per_node = allowance / (4 * len(s) * d / (1 - d))
         row: dict[str, Any] = {"changed_columns": int(len(s)), "x_accuracy": per_node}
