@@ -94,6 +94,33 @@ def changed_columns(old: Any, new: Any, node_to_new: Any) -> Any:
     return np.concatenate([alive[differs], np.nonzero(node_to_new < 0)[0]])
 
 
+def single_passage_insert(base: Any, corpus: Any, i: int, encoder: Any) -> tuple[Any, Any, Any]:
+    """Passage i of the synthetic `corpus` inserted into `base` as one commit computes it
+    (versions.delta: plan, new vectors by `encoder`, apply): (the new index, its plan, the old
+    node -> new node map, -1 for a removed node)."""
+    import numpy as np
+    import torch
+
+    from hippo_gpu.indexing.build import corpus_state
+    from hippo_gpu.versions.delta import Change, NewVectors, apply_change, new_texts, plan_change
+
+    dim = int(base.passage_emb.shape[1])
+    passage, doc = corpus.passages(i, i + 1)[0], corpus.docs(i, i + 1)[0]
+    state = corpus_state([passage], [doc])
+    change = Change(np.zeros(0, np.int64), state.passages, state.triples, state.malformed,
+                    state.error)
+    plan = plan_change(base, change)
+    phrases, facts = new_texts(plan)
+    vectors = NewVectors(encoder.encode([passage.content]),
+                         encoder.encode(phrases) if phrases else torch.zeros(0, dim),
+                         encoder.encode(facts) if facts else torch.zeros(0, dim))
+    new, _ = apply_change(base, change, plan, vectors, base.config, torch.device("cpu"))
+    node_to_new = np.concatenate([plan.phrase_to_new,
+                                  np.where(plan.keep, plan.passage_to_new + len(new.phrases),
+                                           -1)])
+    return new, plan, node_to_new
+
+
 def _allowance(index: Any, encoder: Any, texts: list[str], damping: float, weight: float,
                tol: float) -> float:
     """A: the uniform per-commit increase of every δ_j that uses SHARE of the median query's
@@ -113,17 +140,14 @@ def _allowance(index: Any, encoder: Any, texts: list[str], damping: float, weigh
 
 
 def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
-    import numpy as np
     import torch
 
     from hippo_gpu import build_index
     from hippo_gpu.config import EncoderConfig, RetrievalConfig
     from hippo_gpu.embed import Encoder
-    from hippo_gpu.indexing.build import corpus_state
     from hippo_gpu.ppr.iteration import default_tol
     from hippo_gpu.ppr.push import PushOperator
     from hippo_gpu.synthetic import synthetic_corpus
-    from hippo_gpu.versions.delta import Change, NewVectors, apply_change, new_texts, plan_change
 
     n, repeat = args.synthetic, args.repeat
     cfg = RetrievalConfig()
@@ -155,20 +179,11 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
     rows: list[dict[str, Any]] = []
     print(f"allowance A {allowance:.3e} per column per commit", flush=True)
     for i in range(n, n + repeat):
-        passage, doc = corpus.passages(i, i + 1)[0], corpus.docs(i, i + 1)[0]
-        state = corpus_state([passage], [doc])
-        change = Change(np.zeros(0, np.int64), state.passages, state.triples, state.malformed,
-                        state.error)
-        plan = plan_change(base, change)
-        phrases, facts = new_texts(plan)
-        vectors = NewVectors(encoder.encode([passage.content]), encoder.encode(phrases)
-                             if phrases else torch.zeros(0, 64),
-                             encoder.encode(facts) if facts else torch.zeros(0, 64))
-        new, _ = apply_change(base, change, plan, vectors, base.config, torch.device("cpu"))
-        m_new = len(new.phrases)
-        node_to_new = np.concatenate([plan.phrase_to_new,
-                                      np.where(plan.keep, plan.passage_to_new + m_new, -1)])
+        new, _, node_to_new = single_passage_insert(base, corpus, i, encoder)
         s = changed_columns(base.adjacency, new.adjacency, node_to_new)
+        if len(s) == 0:  # every phrase of the passage is new: no old column to patch
+            print(f"insert {i - n}: no transition column changed", flush=True)
+            continue
         # x_j[u] to |Δ| <= A / (4 |S| d/(1 - d)): an h-weighted push budget of |Δ| / (D_u cmax)
         per_node = allowance / (4 * len(s) * d / (1 - d))
         row: dict[str, Any] = {"changed_columns": int(len(s)), "x_accuracy": per_node}

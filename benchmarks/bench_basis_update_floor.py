@@ -69,15 +69,13 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_basis_locality import changed_columns
+    from benchmarks.bench_basis_locality import changed_columns, single_passage_insert
     from hippo_gpu import build_index
     from hippo_gpu.config import EncoderConfig, RetrievalConfig
     from hippo_gpu.embed import Encoder
-    from hippo_gpu.indexing.build import corpus_state
     from hippo_gpu.ppr import PPRSolver
     from hippo_gpu.ppr.basis import BASIS_TOL, solve_basis
     from hippo_gpu.synthetic import synthetic_corpus
-    from hippo_gpu.versions.delta import Change, NewVectors, apply_change, new_texts, plan_change
 
     n, repeat = args.synthetic, args.repeat
     tols = [float(t) for t in args.tols.split(",") if t.strip()]
@@ -99,19 +97,7 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
           f"entries, build {build_s:.1f} s (basis {base.basis.seconds:.2f} s)", flush=True)
     rows: list[dict[str, Any]] = []
     for i in range(n, n + repeat):
-        passage, doc = corpus.passages(i, i + 1)[0], corpus.docs(i, i + 1)[0]
-        state = corpus_state([passage], [doc])
-        change = Change(np.zeros(0, np.int64), state.passages, state.triples, state.malformed,
-                        state.error)
-        plan = plan_change(base, change)
-        phrases, facts = new_texts(plan)
-        vectors = NewVectors(encoder.encode([passage.content]),
-                             encoder.encode(phrases) if phrases else torch.zeros(0, dim),
-                             encoder.encode(facts) if facts else torch.zeros(0, dim))
-        new, _ = apply_change(base, change, plan, vectors, base.config, torch.device("cpu"))
-        m_new = len(new.phrases)
-        node_to_new = np.concatenate([plan.phrase_to_new,
-                                      np.where(plan.keep, plan.passage_to_new + m_new, -1)])
+        new, plan, node_to_new = single_passage_insert(base, corpus, i, encoder)
         s_old = changed_columns(base.adjacency, new.adjacency, node_to_new)
         added = len(new.passage_keys) - int(plan.keep.sum())
         s_new = node_to_new[s_old[node_to_new[s_old] >= 0]]
