@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from hippo_gpu.config import DEVICE_CHOICES, PPR_DTYPES, PRECISIONS, RetrievalConfig
+from hippo_gpu.config import DEVICE_CHOICES, PPR_DTYPES, PRECISIONS, PPRSettings, RetrievalConfig
 
 
 def check_device(spec: str | torch.device | None) -> torch.device | None:
@@ -78,9 +78,9 @@ def precision_dtype(precision: str) -> torch.dtype:
     return _TORCH_DTYPES[precision]
 
 
-def ppr_dtype(config: RetrievalConfig) -> torch.dtype:
+def ppr_dtype(config: RetrievalConfig | PPRSettings) -> torch.dtype:
     """The torch dtype of the PPR solve `config` asks for (config.dtype, one of PPR_DTYPES:
-    torch.float32 or torch.float64; RetrievalConfig validates the name)."""
+    torch.float32 or torch.float64; RetrievalConfig and PPRSettings validate the name)."""
     return _TORCH_DTYPES[config.dtype]
 
 

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 from hippo_gpu.config import PPRSettings
+from hippo_gpu.device import ppr_dtype
 from hippo_gpu.ppr import PPRSolver
 
 __all__ = ["SolverCache", "build_solver"]
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}  # PPR_DTYPES
 
 
 def build_solver(adjacency: Tensor, settings: PPRSettings,
                  target_nodes: Tensor | None = None) -> PPRSolver:
     """The PPRSolver of ``adjacency`` with ``settings`` (rows ``target_nodes`` out; None: all)."""
-    return PPRSolver(adjacency, damping=settings.damping, dtype=_DTYPES[settings.dtype],
+    return PPRSolver(adjacency, damping=settings.damping, dtype=ppr_dtype(settings),
                      target_nodes=target_nodes, tol=settings.tol, method=settings.method,
                      max_iter=settings.max_iter)
 
