@@ -47,6 +47,12 @@ def test_scores_against_is_the_product_and_does_not_depend_on_the_blocking(dim, 
     torch.testing.assert_close(whole.double(), want, atol=tol, rtol=0)
     alone = torch.cat([scores_against(x[i:i + 1], emb) for i in range(37)])
     assert torch.equal(alone, whole)  # a query alone: the same bits as in the batch
+    # the fact stage's slabs (panel_slabs' contiguous buffer) hold the same bits: GEMMs that
+    # wrote straight into windows of the output (leading dimension rows_total) gave other bits
+    # at two threads, D = 384 (measured on a Xeon, torch 2.13's MKL)
+    slabs = torch.cat([block[:37].clone() for _, block in blockwise.panel_slabs(x.to(dtype), emb)],
+                      dim=1)
+    assert torch.equal(slabs, whole)
     # query chunks at multiples of QUERY_PANEL, row blocks at multiples of ROW_ALIGN (the
     # contract search keeps), one thread and two: the bits of the whole product
     align, before = blockwise.ROW_ALIGN, torch.get_num_threads()
