@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -94,6 +95,18 @@ def test_retrieve_parts_resume_after_a_full_disk_at_every_write(searcher, tmp_pa
     assert out.read_text().splitlines() == want
 
 
+def parquet_run(searcher: Searcher, tmp_path: Path) -> tuple[Any, list[dict], Path, dict, list]:
+    """(pyarrow.parquet, the query rows, their file, retrieve_file's keywords, the rows of an
+    undisturbed run's Parquet answers) for the Parquet tests (skips without pyarrow)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows, queries = query_file(tmp_path, 6)
+    kw = {"mode": "hipporag2", "top_k": 5, "batch_size": 4, "part_size": 4,
+          "show_progress": False}
+    clean = tmp_path / "clean.parquet"
+    retrieve_file(searcher, queries, clean, **kw)
+    return pq, rows, queries, kw, pq.read_table(clean).to_pylist()
+
+
 def test_parquet_answers_on_a_real_full_tmpfs_fail_cleanly_and_resume(searcher, tmp_path):
     """pyarrow writes Parquet through its own I/O (FullDisk cannot see it), so on a real
     256 KiB tmpfs with a filler leaving 0, 1, 2 ... pages: each run of retrieve_file to a
@@ -102,13 +115,7 @@ def test_parquet_answers_on_a_real_full_tmpfs_fail_cleanly_and_resume(searcher, 
     The sweep runs until a run finishes, and must have met the full disk at a part. (Whether
     it also meets it at the join depends on how the kernel charges tmpfs pages to files,
     large folios included: the next test puts the join itself on the full disk.)"""
-    pq = pytest.importorskip("pyarrow.parquet")
-    rows, queries = query_file(tmp_path, 6)
-    kw = {"mode": "hipporag2", "top_k": 5, "batch_size": 4, "part_size": 4,
-          "show_progress": False}
-    clean = tmp_path / "clean.parquet"
-    retrieve_file(searcher, queries, clean, **kw)
-    want = pq.read_table(clean).to_pylist()
+    pq, rows, queries, kw, want = parquet_run(searcher, tmp_path)
     failed_at: list[str] = []
     with small_tmpfs(tmp_path / "mnt", 256) as mnt:
         out = mnt / "out" / "answers.parquet"
@@ -142,13 +149,7 @@ def test_the_parquet_join_on_a_real_full_tmpfs_fails_cleanly_and_resumes(searche
     so it raises DiskFullError naming OUT (at 0 pages at least) until it finishes; after a
     failure the parts are intact and, with the space back, the rerun finishes; OUT holds
     every row once, as a clean run's."""
-    pq = pytest.importorskip("pyarrow.parquet")
-    rows, queries = query_file(tmp_path, 6)
-    kw = {"mode": "hipporag2", "top_k": 5, "batch_size": 4, "part_size": 4,
-          "show_progress": False}
-    clean = tmp_path / "clean.parquet"
-    retrieve_file(searcher, queries, clean, **kw)
-    want = pq.read_table(clean).to_pylist()
+    pq, rows, queries, kw, want = parquet_run(searcher, tmp_path)
 
     class StopBeforeJoin(Exception):
         pass
