@@ -1,5 +1,5 @@
 """Probe LLM-free second hops on musique_train (issue 45): how much a perfect second-hop scorer
-could add with the candidates our graph offers, and what five scorers add.
+could add with the candidates our graph offers, and what six scorers add.
 
 Step 1 is the hybrid mode. A second hop may only change what follows step 1's top `keep`
 passages (keep = 1 or 2: the first hop's best passages stay where they are).
@@ -19,6 +19,9 @@ passages (keep = 1 or 2: the first hop's best passages stay where they are).
     neighbour of p1 (phrase named by at most c passages);
   - bridge_fact: a neighbour (as bridge_gate) scores its best fact that names a bridge phrase,
     by the query-fact cosine;
+  - title_link: passages whose title (less a parenthesis; or its part before a comma) is a
+    phrase of hybrid's top n passages and not in the question (Wikipedia's links, rebuilt),
+    ranked by the query-passage cosine;
   - rocchio: the query vector moved by lambda times the mean of hybrid's top n passages.
   Each second ranking is fused into hybrid's by reciprocal rank, weight w, k = 60, below the
   top keep.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -204,6 +208,24 @@ def main() -> None:
             out.append(by_score(best))
         return out
 
+    def plain(text: str) -> str:
+        return re.sub(r"[^a-z0-9 ]+", " ", re.sub(r"\s*\(.*?\)", "", text).lower()).strip()
+
+    titled: dict[str, set[int]] = defaultdict(set)
+    for j, title in enumerate(idx.passage_titles):
+        titled[plain(title)].add(j)
+        titled[plain(title.split(",")[0])].add(j)
+    dense_cos = e_pass @ passage_emb.T  # [Q, P]
+
+    def title_link(n: int) -> Ranking:
+        out = []
+        for i, text in enumerate(texts):
+            asked, top = plain(text), set(hyb[i][:n])
+            names = {plain(idx.phrases[m]) for p in top for m in phrases_of[p]}
+            found = set().union(*(titled.get(x, set()) for x in names if x and x not in asked))
+            out.append(sorted(found - top, key=lambda j: -float(dense_cos[i, j])))
+        return out
+
     def rocchio(n: int, lam: float) -> Ranking:
         mean = torch.stack([passage_emb[row[:n]].mean(0) for row in hyb])
         moved = torch.nn.functional.normalize(e_pass + lam * mean, dim=1)
@@ -214,6 +236,7 @@ def main() -> None:
         "bridge_gate": (bridge_gate, {"n": (1, 2), "c": (3, 10)}),
         "passage_pair": (passage_pair, {"n": (1, 2), "c": (3, 10)}),
         "bridge_fact": (bridge_fact, {"n": (1, 2), "c": (3, 10)}),
+        "title_link": (title_link, {"n": (1, 2)}),
         "rocchio": (rocchio, {"n": (1, 2), "lam": (-0.3, 0.3, 1.0)}),
     }
     fusion = {"keep": (1, 2), "w": (0.5, 1.0)}
