@@ -15,8 +15,8 @@ passages (keep = 1 or 2: the first hop's best passages stay where they are).
     the entity ranking's phrase-graph PPR (weights 1 / passages naming the phrase);
   - bridge_gate: passages that share a phrase named by at most c passages with hybrid's top n,
     ranked among themselves in hybrid's order;
-  - passage_pair: p2 scores max over p1 in hybrid's top n of cos(q, e_p1 + e_p2), p2 a phrase
-    neighbour of p1 (phrase named by at most c passages);
+  - passage_pair: p2 scores max over p1 in hybrid's top n of cos(q, e_p1 + e_p2), p2 among the
+    neighbours of that top n (as bridge_gate);
   - bridge_fact: a neighbour (as bridge_gate) scores its best fact that names a bridge phrase,
     by the query-fact cosine;
   - title_link: passages whose title (less a parenthesis; or its part before a comma) is a
@@ -184,10 +184,8 @@ def main() -> None:
         out = []
         for i in range(len(texts)):
             best: dict[int, float] = {}
-            for p1 in hyb[i][:n]:
-                nb = sorted(neighbours(i, n, c))
-                if not nb:
-                    continue
+            nb = sorted(neighbours(i, n, c))
+            for p1 in hyb[i][:n] if nb else []:
                 sums = passage_emb[nb] + passage_emb[p1]
                 for j, v in zip(nb, ((sums @ e_pass[i]) / sums.norm(dim=1)).tolist()):
                     best[j] = max(best.get(j, -2.0), v)
