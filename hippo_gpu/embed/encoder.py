@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -208,6 +209,12 @@ class Encoder:
             torch.get_num_threads() at construction: set threads before building an Encoder.
         onnx_parity: max |e_onnx - e_torch| on PARITY_TEXTS measured at load (None: torch).
         onnx_export_seconds: time of the export made by this construction (None: cached/none).
+
+    Thread safety: one Encoder may serve several threads (a writer and the readers of a served
+    index share one). A Hugging Face fast tokenizer is not safe to call concurrently: each call
+    sets its padding and truncation on the one shared Rust object, so a call without padding
+    (a probe) racing a padded batch leaves that batch ragged. Every use of the local model
+    (torch or ONNX, and `token_ids`) therefore holds the encoder's lock.
     """
 
     def __init__(self, config: EncoderConfig, device: torch.device,
@@ -226,6 +233,7 @@ class Encoder:
                 f"encoder precision {config.precision!r} does not run on device {device}: the "
                 f"model would compute in {runs}; ask for precision={runs!r}")
         self.model: Any = None
+        self._model_lock = threading.Lock()  # the tokenizer and model: one call at a time
         self.cache: EmbeddingCache | None = None
         self._dim: int | None = None
         if config.is_remote:
@@ -333,9 +341,19 @@ class Encoder:
             return self.hash(texts)
         if self.remote is not None:
             return self.remote.embed(texts)
-        if self.onnx is None:
-            return self._encode_torch(texts, batch_size)
-        return l2_normalize(self.onnx(texts, batch_size or self.config.batch_size))
+        with self._model_lock:
+            if self.onnx is None:
+                return self._encode_torch(texts, batch_size)
+            return l2_normalize(self.onnx(texts, batch_size or self.config.batch_size))
+
+    def token_ids(self, text: str) -> list[int] | None:
+        """The local model's token ids of `text` (None: no local tokenizer, e.g. hash or server
+        encoders), under the encoder's lock."""
+        tok = getattr(self.model, "tokenizer", None)
+        if tok is None:
+            return None
+        with self._model_lock:
+            return list(tok(text)["input_ids"])
 
     def encode(self, texts: Sequence[str], *, desc: str | None = None,
                shard_size: int = 4096) -> torch.Tensor:

@@ -73,10 +73,10 @@ class QueryEncoder:
         """Whether the tokenizer lower-cases its input (checked on a probe), so that a text and
         its lower-cased form get the same vector. False when unknown."""
         if self._uncased is None:
-            tok = getattr(getattr(self.encoder, "model", None), "tokenizer", None)
+            enc = self.encoder
             try:
-                self._uncased = tok is not None and \
-                    tok(_CASE_PROBE)["input_ids"] == tok(_CASE_PROBE.lower())["input_ids"]
+                ids = enc.token_ids(_CASE_PROBE)
+                self._uncased = ids is not None and ids == enc.token_ids(_CASE_PROBE.lower())
             except (TypeError, KeyError):
                 self._uncased = False
         return self._uncased

@@ -1,6 +1,7 @@
 import json
 import logging
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -203,3 +204,48 @@ def test_float16_is_refused_where_it_would_not_run(model):
     assert runnable_precision("float16", cpu) == "float32"
     assert runnable_precision("float16", torch.device("cuda")) == "float16"
     assert runnable_precision("bfloat16", cpu) == "bfloat16"
+
+
+def test_one_encoder_serves_concurrent_threads():
+    """A writer and the readers of a served index share one Encoder. A Hugging Face fast
+    tokenizer keeps its padding setting on one shared object, so a probe without padding
+    (the query side's case check) racing a padded batch left that batch ragged ("Unable to
+    create tensor", seen in CI). Three threads calling the tokenizer and the model together
+    must each get what a lone call gets."""
+    enc = Encoder(EncoderConfig(), torch.device("cpu"))
+    texts = [("word " * n).strip() for n in range(1, 9)]  # unequal lengths: padded batches
+    want = enc.encode_queries(texts, "query_to_passage")
+    probe = enc.token_ids("A Probe Sentence")
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def embed() -> None:
+        try:
+            while not stop.is_set():
+                got = enc.encode_queries(texts, "query_to_passage")
+                assert torch.equal(got, want)
+        except Exception as e:  # noqa: BLE001 - collected and asserted empty below
+            errors.append(repr(e))
+            stop.set()
+
+    def tokenize() -> None:
+        try:
+            while not stop.is_set():
+                assert enc.token_ids("A Probe Sentence") == probe
+        except Exception as e:  # noqa: BLE001 - collected and asserted empty below
+            errors.append(repr(e))
+            stop.set()
+
+    workers = [threading.Thread(target=f) for f in (embed, embed, tokenize)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the race window is a few bytecodes
+    try:
+        for w in workers:
+            w.start()
+        stop.wait(5.0)
+        stop.set()
+        for w in workers:
+            w.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
