@@ -177,8 +177,11 @@ def main() -> None:
                              stable=True).tolist()
 
     def bridge_gate(n: int, c: int) -> Ranking:
-        return [[j for j in hyb[i] if j in nb] for i in range(len(texts))
-                for nb in [neighbours(i, n, c)]]
+        out = []
+        for i in range(len(texts)):
+            nb = neighbours(i, n, c)
+            out.append([j for j in hyb[i] if j in nb])
+        return out
 
     def passage_pair(n: int, c: int) -> Ranking:
         out = []
