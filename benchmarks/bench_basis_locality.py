@@ -49,6 +49,12 @@ from benchmarks.common import (
     quantile,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/ppr", "hippo_gpu/versions/delta.py", "hippo_gpu/indexing",
+            "hippo_gpu/embed", "kernels/src", "hippo_gpu/synthetic.py", "hippo_gpu/config.py",
+            "hippo_gpu/device.py")
+
 COMMITS = 16  # hippo_gpu.versions.writer.COMPACT_AFTER: commits between two basis solves
 SHARE = 0.1  # of the median query's certified budget the patched bounds may use by then
 LOOSER = (1e4, 1e2, 1.0)  # accuracies tried: the needed one times these
@@ -213,7 +219,8 @@ def main(args: argparse.Namespace, git: dict[str, Any]) -> None:
     print(f"x half / re-solve p50 {summary['x_half_over_resolve_p50']} (capped: lower bound)")
     append_result_or_exit(args.results or RESULTS / "bench_basis_locality.jsonl",
                           {**provenance("bench_basis_locality", threads=args.threads,
-                                        device="cpu", precision="float64", git=git), **summary},
+                                        device="cpu", encoder_backend="hash", precision="float64",
+                                        git=git), **summary},
                           allow_dirty=args.allow_dirty)
 
 

@@ -48,6 +48,12 @@ from benchmarks.common import (
     subprocess_env,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/distributed", "hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed",
+            "kernels/src", "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py")
+
 RESULTS_FILE = RESULTS / "bench_batch.jsonl"
 
 _RSS = """
@@ -205,6 +211,7 @@ def main() -> None:
               f"{start:>13.1f}{e2e:>9.1f}{r['rows_with_different_keys']:>12d}"
               f"{r['max_score_diff']:>13.2e}")
     record = provenance("batch", threads=args.threads, device="cpu",
+                        encoder_backend="auto",  # SearcherOptions.query_backend in each worker
                         batch_sizes={"query_batch": args.batch_size},
                         optional_versions=("ray", "pyarrow"), git=git)
     import torch

@@ -101,6 +101,13 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/versions", "hippo_gpu/indexing", "hippo_gpu/storage", "hippo_gpu/embed",
+            "hippo_gpu/ppr", "kernels/src", "hippo_gpu/config.py", "hippo_gpu/device.py",
+            "hippo_gpu/tables.py", "hippo_gpu/retrieval", "hippo_gpu/synthetic.py",
+            "hippo_gpu/data.py", "hippo_gpu/evaluate.py")
+
 TARGETS = {"insert": 0.25, "delete": 0.10}
 
 
@@ -343,7 +350,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"(b) changes: {json.dumps(changes)}")
 
     line = {
-        **provenance("continual", threads=args.threads, device=args.device, precision="float32",
+        **provenance("continual", threads=args.threads, device=args.device,
+                     encoder_backend=EncoderConfig().backend, precision="float32",
                      query_precision=None,
                      batch_sizes={"encoder_batch_size": EncoderConfig().batch_size,
                                   "stream_passages_per_insert": 1},

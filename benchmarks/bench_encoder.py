@@ -88,6 +88,10 @@ import torch  # noqa: E402
 from hippo_gpu.config import EncoderConfig  # noqa: E402
 from hippo_gpu.embed import Encoder  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/embed", "hippo_gpu/config.py")
+
 TOP_K = 10
 PURPOSE = "query_to_passage"
 
@@ -246,7 +250,8 @@ def main(args: argparse.Namespace) -> None:
 
     record = {
         **provenance(
-            "encoder", threads=args.threads, device="cpu", precision=base.precision,
+            "encoder", threads=args.threads, device="cpu",
+            encoder_backend=[enc_torch.backend, enc_onnx.backend], precision=base.precision,
             query_precision=base.precision,
             batch_sizes={"query_batch": batch_sizes,
                          "encoder_query_batch_size": base.query_batch_size,

@@ -56,6 +56,12 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/indexing", "hippo_gpu/embed", "hippo_gpu/storage", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/data.py",
+            "hippo_gpu/tables.py")
+
 
 def main(args: argparse.Namespace) -> None:
     import faiss
@@ -90,6 +96,7 @@ def main(args: argparse.Namespace) -> None:
                                      ("phrase_nodes", "passage_nodes", "facts", "synonym_edges")))
         line = {
             **provenance("index", threads=args.threads, device=args.device,
+                         encoder_backend=idx.config.encoder.backend,
                          precision=idx.precision, query_precision=None,
                          batch_sizes={"encoder_batch_size": idx.config.encoder.batch_size},
                          optional_versions=("faiss", "sentence_transformers", "hippo_gpu"),

@@ -98,6 +98,13 @@ from hippo_gpu.retrieval.ircot import (  # noqa: E402
 )
 from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 _REF = re.compile(r"#(\d+)")
 
 
@@ -262,7 +269,8 @@ def main(args: argparse.Namespace) -> int:
               f"{r['max_score_diff']:>13.2g}")
 
     record = {
-        **provenance("ircot", threads=args.threads, device="cpu", precision=index.precision,
+        **provenance("ircot", threads=args.threads, device="cpu",
+                     encoder_backend=searcher.encoder.backend, precision=index.precision,
                      query_precision=searcher.encoder_config.precision,
                      batch_sizes={"query_batch": [q, 1],
                                   "encoder_query_batch_size":

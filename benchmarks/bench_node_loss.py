@@ -43,8 +43,14 @@ from benchmarks.common import (
     init_threads,
     provenance,
     quantile,
+    requested_backend,
     skip,
 )
+
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/distributed", "hippo_gpu/serve", "hippo_gpu/cli", "hippo_gpu/retrieval",
+            "hippo_gpu/llm", "hippo_gpu/storage", "hippo_gpu/versions")
 
 
 def _parse() -> argparse.Namespace:
@@ -177,6 +183,7 @@ def main(args: argparse.Namespace) -> None:
     }
     record = {
         **provenance("bench_node_loss", threads=args.threads, device="cpu", git=git,
+                     encoder_backend=requested_backend(args.encoder),
                      query_precision="float32",
                      batch_sizes={"retrieve_batch": 32, "retrieve_part": args.part_size,
                                   "extract_shard": args.shard_size, "extract_wave": 4},

@@ -99,6 +99,11 @@ import torch  # noqa: E402
 from hippo_gpu import kernels  # noqa: E402
 from hippo_gpu.ppr import PPRSolver  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/ppr", "kernels/src", "hippo_gpu/indexing", "hippo_gpu/synthetic.py",
+            "hippo_gpu/config.py", "hippo_gpu/device.py")
+
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 TOP_K = 10
 
@@ -535,7 +540,8 @@ def main(args: argparse.Namespace) -> None:
         r.setdefault("speedup", round(prpack_ms / r["ms_per_query"], 2))
     precisions = sorted({r["dtype"] for r in rows})
     record = {
-        **provenance("ppr", threads=args.threads, device=",".join(devices), precision=precisions,
+        **provenance("ppr", threads=args.threads, device=",".join(devices), encoder_backend=None,
+                     precision=precisions,
                      batch_sizes={"ppr_batch": batch_sizes},
                      optional_versions=("scipy", "igraph", "networkx", "numba", "triton"),
                      git=git),

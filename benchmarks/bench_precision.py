@@ -80,6 +80,13 @@ from hippo_gpu.indexing.index import Index  # noqa: E402
 from hippo_gpu.retrieval.options import SearcherOptions  # noqa: E402
 from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
     """Fractions of queries whose top-10 rows are equal in order, and as sets."""
@@ -202,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"float32 control (no batch dependence): {'ok' if control_ok else 'FAILED'}")
 
     record = {
-        **provenance("precision", threads=args.threads, device="cpu", precision=precisions,
+        **provenance("precision", threads=args.threads, device="cpu",
+                     encoder_backend=ref_searcher.encoder.backend, precision=precisions,
                      query_precision=query_precisions,
                      batch_sizes={"query_batch": batches, "part1_query_batch": q,
                                   "part1_encoder_query_batch_size": enc.query_batch_size},

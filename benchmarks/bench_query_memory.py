@@ -37,6 +37,13 @@ from benchmarks.common import (
     subprocess_env,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py",
+            "hippo_gpu/synthetic.py")
+
 MODES = ("dense", "hipporag2", "hybrid")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -187,7 +194,7 @@ def main() -> None:
                       f"{row['charged_bytes'] / 2**20:>10.0f} {row['extra_bytes'] / 2**20:>9.0f} "
                       f"{row['seconds']:>7.2f}  {row['identical_to_off']}", flush=True)
     record = {
-        **provenance("query_memory", threads=args.threads, device="cpu",
+        **provenance("query_memory", threads=args.threads, device="cpu", encoder_backend="hash",
                      batch_sizes={"query_batch": [args.queries]}, optional_versions=("numba",),
                      git=git),
         "top_k": args.top_k,

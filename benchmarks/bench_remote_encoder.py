@@ -50,6 +50,10 @@ from benchmarks.common import (
     summarize,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/embed", "hippo_gpu/indexing", "hippo_gpu/storage", "hippo_gpu/config.py")
+
 EMBED_STAGES = ("embed_passages", "embed_phrases", "embed_facts")
 
 
@@ -176,6 +180,7 @@ def main() -> None:
           f"{first['local'].get('load_encoder', 0.0):.2f} s; same counts {same_counts}, same "
           f"synonym edges {same_synonyms}, max |e_server - e_local| {max_diff:.2e}")
     record = {**provenance("remote_encoder", threads=args.threads, device="cpu", git=git,
+                           encoder_backend=["torch", "openai"],
                            batch_sizes={"encoder_batch_size": EncoderConfig.batch_size,
                                         "max_batch_texts": remote.max_batch_texts,
                                         "max_batch_tokens": remote.max_batch_tokens,

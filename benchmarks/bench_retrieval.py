@@ -131,6 +131,13 @@ from hippo_gpu.retrieval.options import SearcherOptions  # noqa: E402
 from hippo_gpu.retrieval.results import Ranking  # noqa: E402
 from hippo_gpu.retrieval.searcher import Searcher  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 AGREE_K = 10  # top-k compared between the baseline and our hipporag2 mode
 RECALL_KS = (2, 5)
@@ -557,7 +564,8 @@ def main(args: argparse.Namespace, index: Index | None = None) -> dict:
     enc = searcher.encoder_config
     record = {
         **provenance(
-            "retrieval", threads=args.threads, device=args.device, precision=index.precision,
+            "retrieval", threads=args.threads, device=args.device,
+            encoder_backend=searcher.encoder.backend, precision=index.precision,
             query_precision=enc.precision,
             batch_sizes={"query_batch": sweep, "encoder_query_batch_size": enc.query_batch_size,
                          "encoder_batch_size": index.config.encoder.batch_size},

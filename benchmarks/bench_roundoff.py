@@ -40,6 +40,11 @@ from benchmarks.common import (
     time_call,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/ppr", "hippo_gpu/retrieval", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/data.py")
+
 RESULTS = "benchmarks/results/bench_roundoff.jsonl"
 TOLS = (1e-6, 1e-7, 5e-9)
 
@@ -125,6 +130,7 @@ def main() -> None:
                       f" (columns with error > bound: {over}"
                       f"{', an estimate' if case == 'unchecked' else ''})", flush=True)
     record = provenance("bench_roundoff", threads=threads, device="cpu", git=git,
+                        encoder_backend=searcher.encoder.backend,
                         precision=["float32", "float64"], batch_sizes={"queries": len(texts)})
     record["rows"] = rows
     append_result_or_exit(RESULTS, record, allow_dirty=args.allow_dirty)

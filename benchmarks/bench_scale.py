@@ -49,9 +49,17 @@ from benchmarks.common import (
     data_root,
     init_threads,
     provenance,
+    requested_backend,
     subprocess_env,
     time_call,
 )
+
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py",
+            "hippo_gpu/synthetic.py", "hippo_gpu/data.py")
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -424,7 +432,8 @@ def main() -> int:
         row["peak_rss_gb"] = max(row[ph].get("peak_rss_gb", 0.0) for ph in PHASES)
         row["growth_per_10x"] = _growth(prev, row)
         record = {
-            **provenance("scale", threads=args.threads, device=args.device, precision="float32",
+            **provenance("scale", threads=args.threads, device=args.device,
+                         encoder_backend=requested_backend(args.encoder), precision="float32",
                          query_precision="float32",
                          batch_sizes={"query_batch": [int(b) for b in args.batches.split(",")]},
                          optional_versions=("faiss", "igraph"), git=git),

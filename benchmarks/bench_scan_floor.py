@@ -39,6 +39,10 @@ from benchmarks.common import (
 )
 from benchmarks.timing import summarize, time_call
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval/blockwise.py", "hippo_gpu/device.py")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -125,7 +129,8 @@ def main() -> None:
               f"output keep the bits: {same_window}")
 
     record = {
-        **provenance("bench_scan_floor", threads=args.threads, device="cpu", precision="float32",
+        **provenance("bench_scan_floor", threads=args.threads, device="cpu", encoder_backend=None,
+                     precision="float32",
                      batch_sizes={"queries": 1, "query_panel": QUERY_PANEL,
                                   "row_align": ROW_ALIGN}, git=git),
         "passages": args.passages, "dim": args.dim, "flush_mb": args.flush_mb,

@@ -49,8 +49,16 @@ from benchmarks.common import (
     check_clean_or_exit,
     musique_dir,
     provenance,
+    requested_backend,
     subprocess_env,
 )
+
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/serve", "hippo_gpu/cli/serve.py", "hippo_gpu/retrieval", "hippo_gpu/ppr",
+            "hippo_gpu/embed", "kernels/src", "hippo_gpu/storage", "hippo_gpu/versions",
+            "hippo_gpu/indexing", "hippo_gpu/config.py", "hippo_gpu/device.py",
+            "hippo_gpu/tables.py")
 
 DEFAULT_OUT = RESULTS / "bench_server.jsonl"
 
@@ -305,6 +313,7 @@ def main() -> None:
                 record = {
                     **provenance(
                         "server", threads=args.threads, device=device,
+                        encoder_backend=requested_backend(encoder.get("model", ""), backend),
                         precision=index_stats.get("precision", "float32"),
                         query_precision=query_precision,
                         batch_sizes={"server_max_batch": max_batch,

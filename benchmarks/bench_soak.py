@@ -42,6 +42,13 @@ from benchmarks.common import (
     provenance,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/serve", "hippo_gpu/cli/serve.py", "hippo_gpu/retrieval", "hippo_gpu/ppr",
+            "hippo_gpu/embed", "kernels/src", "hippo_gpu/storage", "hippo_gpu/versions",
+            "hippo_gpu/indexing", "hippo_gpu/config.py", "hippo_gpu/device.py",
+            "hippo_gpu/tables.py")
+
 MODES = ("hipporag2", "dense")
 
 
@@ -136,7 +143,7 @@ def main(args: argparse.Namespace) -> None:
     remaining = sorted(p.name for p in index_dir.iterdir() if p.is_dir() and
                        p.name[:1] in "vs" and p.name[1:].isdigit())
     record = {
-        **provenance("bench_soak", threads=args.threads, device="cpu",
+        **provenance("bench_soak", threads=args.threads, device="cpu", encoder_backend="hash",
                      batch_sizes={"queries_per_request": 1, "clients": args.clients}, git=git),
         "passages": args.passages, "knn_backend": args.knn_backend, "clients": args.clients,
         "requests": len(log.queries),

@@ -39,6 +39,11 @@ from benchmarks.common import (
     provenance,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/indexing/synonyms.py", "hippo_gpu/indexing/vector_search.py", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py")
+
 RESULTS = "benchmarks/results/bench_synonym_floor.jsonl"
 
 
@@ -121,6 +126,7 @@ def main() -> None:
         rows.append(row)
         del x
     record = {**provenance("synonym_floor", threads=threads, device=args.device, git=git,
+                           encoder_backend=None,
                            batch_sizes={"changed": args.changed}),
               "rows": rows}
     append_result_or_exit(args.results, record, allow_dirty=args.allow_dirty)

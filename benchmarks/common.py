@@ -44,6 +44,7 @@ from benchmarks.provenance import (
     cpu_model,
     git_state,
     provenance,
+    requested_backend,
 )
 from benchmarks.timing import Timing, quantile, summarize, time_call
 
@@ -55,8 +56,8 @@ __all__ = [
     "DirtyTreeError", "Timing", "add_arguments", "append_result", "append_result_or_exit",
     "check_clean", "check_clean_or_exit", "cpu_model", "data_root", "ensure_musique_index",
     "git_state", "init_threads", "limit_threads", "musique_dir", "musique_index",
-    "musique_openie", "provenance", "quantile", "skip", "subprocess_env", "summarize",
-    "time_call",
+    "musique_openie", "provenance", "quantile", "requested_backend", "skip", "subprocess_env",
+    "summarize", "time_call",
 ]
 
 RESULTS = REPO / "benchmarks" / "results"  # one JSONL file per benchmark

@@ -277,7 +277,7 @@ def run(args: Any, git: dict[str, Any]) -> None:
         same = _compare(compacted, passages, openie, graph, queries)
     rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     record = {
-        **provenance("bench_continual", threads=args.threads, device="cpu",
+        **provenance("bench_continual", threads=args.threads, device="cpu", encoder_backend="hash",
                      batch_sizes={"queries": len(queries)}, git=git),
         "kind": "synthetic", "passages": n, "encoder": "hash:64", "build_s": round(build_s, 1),
         "build_threads": BUILD_THREADS, "writer_open_s": round(open_s, 2),

@@ -70,6 +70,13 @@ from hippo_gpu.retrieval.entities import heuristic_entities  # noqa: E402
 from hippo_gpu.retrieval.solvers import build_solver  # noqa: E402
 from hippo_gpu.sample import paths as sample_paths  # noqa: E402
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 
 def _recall(r: dict[str, float]) -> dict[str, float]:
     return {k: r[k] for k in map(str, KS)}
@@ -149,6 +156,7 @@ def main(args: argparse.Namespace) -> int:
           + ", ".join(f"{k} {v:.2f}" for k, v in res.stage_s.items()))
 
     record = provenance("hipporag1_recall", threads=args.threads, device="cpu",
+                        encoder_backend=searcher.encoder.backend,
                         query_precision=searcher.encoder_config.precision,
                         batch_sizes={"query_batch": len(questions)}, git=git)
     record.update({

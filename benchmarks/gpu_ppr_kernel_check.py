@@ -33,6 +33,10 @@ import torch
 
 from benchmarks.common import REPO, RESULTS, git_state, time_call
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/ppr", "kernels/src")
+
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 

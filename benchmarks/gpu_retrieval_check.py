@@ -46,6 +46,13 @@ from benchmarks.common import (
     time_call,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 MODES = ("dense", "hipporag2", "hybrid")
 DEFAULT_RESULTS = RESULTS / "gpu_retrieval_check.jsonl"
 
@@ -211,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         enc = gpu.encoder_config
         record = {
             **provenance("gpu_retrieval_check", threads=args.threads, device="cpu,cuda",
+                         encoder_backend=gpu.encoder.backend,
                          precision=["float32", *precisions], query_precision=enc.precision,
                          batch_sizes={"query_batch": q,
                                       "encoder_query_batch_size": enc.query_batch_size},

@@ -2,19 +2,35 @@
 
 Every figure a user reads about speed or memory comes from a line of
 ``benchmarks/results/*.jsonl`` (written by the scripts in this folder with their provenance:
-commit, dirty flag, threads, CPU, device, precision, batch sizes), and every table row here
-names its line (``file.jsonl:N``) and the commit that wrote it. Nothing is typed in by hand, so
-the pages cannot drift from the measurements; CI runs ``--check``, which fails when either file
-differs from what the results lines give.
+commit, dirty flag, threads, CPU, device, encoder backend, precision, batch sizes), and every
+table row here names its line (``file.jsonl:N``) and the commit that wrote it. Nothing is typed
+in by hand, so the pages cannot drift from the measurements.
 
     python -m benchmarks.performance_doc           # rewrite the page and README.md's table
-    python -m benchmarks.performance_doc --check   # exit 1 when either is stale
+    python -m benchmarks.performance_doc --check   # exit 1 when either is stale or a quote is
+    python -m benchmarks.performance_doc --quotes  # list the quoted lines and why each fails
 
 Which lines: per benchmark, the newest line of each configuration (its argv without paths:
 ``--synthetic 100000`` and ``--synthetic 1000000`` are two configurations, ``--work /tmp/a`` and
 ``--work /tmp/b`` one), newest first, at most :data:`MAX_CONFIGS` of them. A dirty line (written
 from a tree with uncommitted changes) is shown and marked so. The headline benchmarks have a view
 that picks their columns; the others are flattened (scalars, one level of nesting).
+
+Figures tied to the code they measure. Each benchmark script declares ``MEASURES``, a tuple of
+the repository paths whose code its figures depend on (read here from the script's source, never
+imported). A *quoted* line is one that the README's table or a ``file.jsonl:N`` in README.md or
+docs/*.md cites; ``--check`` rejects a quoted line, naming it and the reason, when
+
+* it is stale: its commit is not in HEAD's history, or a commit since it changed a path its
+  benchmark measures (``git rev-list COMMIT..HEAD -- MEASURES``), or the benchmark declares none;
+* it is dirty (or its tree state is unknown);
+* it is unlabelled: it does not say its threads (an int), its device and its encoder backend
+  (``encoder_backend``, null only where the benchmark encodes no text).
+
+That needs the git history (CI runs on a full clone; a shallow one is refused by name). The
+page itself may show older lines: a row whose line is stale at generation says so
+(``stale: N commits``); the check compares the page without those markers, so a commit to the
+measured code does not make the page itself out of date, only the quotes.
 """
 
 from __future__ import annotations
@@ -22,6 +38,8 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,10 +58,17 @@ MAX_COLUMNS = 14
 PROVENANCE = {"provenance", "bench", "time", "when", "commit", "dirty", "dirty_files",
               "dirty_paths", "hardware", "threads", "torch_threads", "device", "precision",
               "query_precision", "batch_sizes", "versions", "loadavg", "argv", "cpu", "host",
-              "python", "cpu_count", "torch", "cpu_model", "torch_version"}
+              "python", "cpu_count", "torch", "cpu_model", "torch_version",
+              "encoder_backend"}
 # argv options whose value is a path (dropped from the configuration key)
 PATH_OPTIONS = {"--work", "--work-dir", "--graph-cache", "--index-dir", "--index", "--results",
                 "--data-dir", "--out", "--eval-json", "--cache-dir", "--questions", "--base"}
+# a results file whose script is not named after it
+SCRIPTS = {"hipporag1_recall.jsonl": "eval_hipporag1", "llm_extract.jsonl": "llm_extract_bench"}
+# a cite of a results line in prose: `bench_scale.jsonl:16`
+CITE = re.compile(r"\b([A-Za-z0-9_]+\.jsonl):(\d+)\b")
+# the staleness note of a row of the page (as of its generation; the check compares without it)
+STALE_NOTE = re.compile(r" · stale: [^|]*?(?= \|)")
 
 
 @dataclass(frozen=True)
@@ -53,12 +78,32 @@ class Line:
     file: str
     number: int  # 1-based line number in its file
     record: dict[str, Any]
+    note: str = ""  # " · stale: ..." when its code changed since (the page's rows only)
 
     @property
     def ref(self) -> str:
         commit = str(self.record.get("commit") or "")[:7] or "no commit"
         dirty = " dirty" if self.record.get("dirty") else ""
-        return f"{self.file}:{self.number} ({commit}{dirty})"
+        return f"{self.file}:{self.number} ({commit}{dirty}){self.note}"
+
+    @property
+    def encoder(self) -> str:
+        """The encoder backend that ran ("none": the benchmark encodes no text).
+
+        Lines written before provenance recorded ``encoder_backend`` are read from what they
+        did record (the server's ``config.served_query_backend``, a ``query_backend``, a
+        ``hash:`` encoder) for display; the check still calls them unlabelled.
+        """
+        r = self.record
+        if "encoder_backend" in r:
+            return "none" if r["encoder_backend"] is None else fmt(r["encoder_backend"])
+        config = r.get("config")
+        legacy = (config.get("served_query_backend") if isinstance(config, dict) else None) \
+            or r.get("query_backend")
+        if legacy:
+            return str(legacy)
+        encoder = r.get("encoder")
+        return "hash" if isinstance(encoder, str) and encoder.startswith("hash:") else "?"
 
     @property
     def location(self) -> str:
@@ -175,10 +220,10 @@ def render(table: Table) -> str:
 def with_provenance(line: Line, columns: list[str], values: list[Any]) -> list[str]:
     r = line.record
     return [line.ref, line.date, line.cpu, fmt(r.get("threads")), fmt(r.get("device")),
-            *[fmt(v) for v in values]]
+            line.encoder, *[fmt(v) for v in values]]
 
 
-PROVENANCE_HEADER = ["results line", "date", "CPU", "threads", "device"]
+PROVENANCE_HEADER = ["results line", "date", "CPU", "threads", "device", "encoder"]
 
 
 # ---- views ----------------------------------------------------------------------------------
@@ -286,23 +331,185 @@ ORDER = ["bench_retrieval.jsonl", "bench_scale.jsonl", "bench_ppr.jsonl", "bench
          "bench_continual.jsonl"]
 
 
-def script_summary(results_file: str) -> tuple[str, str]:
+def script_path(results_file: str, repo: Path = REPO) -> Path | None:
+    """The benchmark script that writes `results_file` (None when there is none)."""
+    name = SCRIPTS.get(results_file, results_file.removesuffix(".jsonl"))
+    path = repo / "benchmarks" / f"{name}.py"
+    return path if path.exists() else None
+
+
+def script_summary(results_file: str, repo: Path = REPO) -> tuple[str, str]:
     """(the command, the first paragraph of the script's docstring) of a results file."""
-    stem = results_file.removesuffix(".jsonl")
-    for name in (stem, "eval_hipporag1" if stem == "hipporag1_recall" else "",
-                 "llm_extract_bench" if stem == "llm_extract" else ""):
-        path = REPO / "benchmarks" / f"{name}.py"
-        if name and path.exists():
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-            first = " ".join(doc.split("\n\n", 1)[0].split())
-            return f"python -m benchmarks.{name}", first
-    return "", ""
+    path = script_path(results_file, repo)
+    if path is None:
+        return "", ""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n", 1)[0].split())
+    return f"python -m benchmarks.{path.stem}", first
+
+
+def measured_paths(script: Path) -> tuple[str, ...] | None:
+    """The script's ``MEASURES`` (repository paths), read from its source without importing it.
+
+    None when the script assigns no ``MEASURES`` at module level; a value that is not a non-empty
+    tuple of string literals is an error naming the script.
+    """
+    for node in ast.parse(script.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "MEASURES":
+            try:
+                paths = ast.literal_eval(value)
+            except ValueError as e:
+                raise ValueError(f"{script.name}: MEASURES is not a literal") from e
+            if not (isinstance(paths, tuple) and paths
+                    and all(isinstance(x, str) and x for x in paths)):
+                raise ValueError(f"{script.name}: MEASURES must be a non-empty tuple of paths")
+            return paths
+    return None
+
+
+# ---- is a line current? -------------------------------------------------------------------
+
+
+class GitHistoryError(RuntimeError):
+    """The repository's git history is not there (no git, not a checkout, a shallow clone)."""
+
+
+class History:
+    """What git says about results lines' commits, against the checkout's HEAD."""
+
+    def __init__(self, repo: Path = REPO) -> None:
+        self.repo = repo
+        shallow = self._git("rev-parse", "--is-shallow-repository")
+        head = self._git("rev-parse", "HEAD")
+        if shallow is None or head is None:
+            raise GitHistoryError(
+                f"{repo} has no git history here (git missing or not a checkout): the quoted "
+                "results lines cannot be checked against the code they measure")
+        if shallow.strip() == "true":
+            raise GitHistoryError(
+                f"{repo} is a shallow clone: the quoted results lines cannot be checked against "
+                "the code they measure; fetch the whole history (git fetch --unshallow)")
+        self.head = head.strip()
+        self._since: dict[tuple[str, tuple[str, ...]], int | None] = {}
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(["git", *args], cwd=self.repo, capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    def _git(self, *args: str) -> str | None:
+        out = self._run(*args)
+        return out.stdout if out is not None and out.returncode == 0 else None
+
+    def commits_since(self, commit: str, paths: tuple[str, ...]) -> int | None:
+        """Commits after `commit` up to HEAD that change `paths`; None: `commit` is not in
+        HEAD's history (another branch, or unknown to this clone)."""
+        key = (commit, paths)
+        if key not in self._since:
+            ancestor = self._run("merge-base", "--is-ancestor", commit, self.head)
+            if ancestor is None or ancestor.returncode != 0:
+                self._since[key] = None
+            else:
+                out = self._git("rev-list", "--count", f"{commit}..{self.head}", "--", *paths)
+                self._since[key] = None if out is None else int(out.strip())
+        return self._since[key]
+
+
+def staleness(line: Line, history: History, repo: Path = REPO) -> str | None:
+    """Why `line` no longer measures the code at HEAD, or None when it does."""
+    script = script_path(line.file, repo)
+    paths = measured_paths(script) if script is not None else None
+    if script is None:
+        return f"stale: no benchmark script writes {line.file}, so none says what it measures"
+    if paths is None:
+        return (f"stale: benchmarks/{script.name} declares no MEASURES (the paths its figures "
+                "depend on)")
+    missing = [x for x in paths if not (repo / x).exists()]
+    if missing:
+        return f"stale: benchmarks/{script.name}'s MEASURES names missing {', '.join(missing)}"
+    commit = line.record.get("commit")
+    if not isinstance(commit, str) or not commit:
+        return "stale: the line names no commit"
+    since = history.commits_since(commit, paths)
+    if since is None:
+        return f"stale: its commit {commit[:7]} is not in HEAD's history"
+    if since:
+        return (f"stale: {since} commit{'s' if since > 1 else ''} to {', '.join(paths)} "
+                f"since its commit {commit[:7]}")
+    return None
+
+
+def unlabelled(record: dict[str, Any]) -> str | None:
+    """What the line does not say of threads, device and encoder backend, or None."""
+    threads = record.get("threads")
+    missing = [name for name, ok in (
+        ("threads", isinstance(threads, int) and not isinstance(threads, bool)),
+        ("device", isinstance(record.get("device"), str) and bool(record.get("device"))),
+        ("encoder backend", "encoder_backend" in record)) if not ok]
+    return f"unlabelled: it does not say its {', '.join(missing)}" if missing else None
+
+
+def line_problems(line: Line, history: History, repo: Path = REPO) -> list[str]:
+    """Every reason a quote of `line` is rejected: stale, dirty, unlabelled (empty: none)."""
+    dirty = line.record.get("dirty")
+    return [why for why in (
+        staleness(line, history, repo),
+        None if dirty is False else
+        "dirty: written from a tree with uncommitted changes" if dirty else
+        "dirty: its tree state is unknown",
+        unlabelled(line.record)) if why]
+
+
+def cites(texts: dict[str, str]) -> list[tuple[str, str, int]]:
+    """Every ``file.jsonl:N`` in `texts` (name -> text) as (where, file, N), in order."""
+    return [(f"{name}:{i}", m[1], int(m[2]))
+            for name, text in texts.items()
+            for i, row in enumerate(text.splitlines(), start=1)
+            for m in CITE.finditer(row)]
+
+
+def quoting_texts(readme: str, repo: Path = REPO) -> dict[str, str]:
+    """The texts whose cites are quotes: README.md (as regenerated) and docs/*.md but the
+    generated page."""
+    texts = {"README.md": readme}
+    for path in sorted((repo / "docs").glob("*.md")):
+        if path.name != DOC.name:
+            texts[f"docs/{path.name}"] = path.read_text(encoding="utf-8")
+    return texts
+
+
+def check_quotes(lines: dict[str, list[Line]], texts: dict[str, str],
+                 history: History, repo: Path = REPO) -> list[str]:
+    """One message per reason a quoted line is rejected: the line, where it is cited, why."""
+    by_place = {(ln.file, ln.number): ln for lns in lines.values() for ln in lns}
+    cited: dict[tuple[str, int], list[str]] = {}
+    for where, file, number in cites(texts):
+        cited.setdefault((file, number), []).append(where)
+    out = []
+    for (file, number), places in cited.items():
+        line = by_place.get((file, number))
+        reasons = (line_problems(line, history, repo) if line is not None
+                   else ["no such results line"])
+        where = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3
+                                         else "")
+        out += [f"{file}:{number} (cited at {where}): {why}" for why in reasons]
+    return out
 
 
 # ---- the two outputs ------------------------------------------------------------------------
 
 
-def performance_doc(lines: dict[str, list[Line]]) -> str:
+def performance_doc(lines: dict[str, list[Line]], history: History | None = None,
+                    repo: Path = REPO) -> str:
+    """The page; with `history`, a row whose line is stale at HEAD says so (``stale: ...``)."""
     names = [n for n in ORDER if n in lines] + sorted(n for n in lines if n not in ORDER)
     parts = [
         "# Performance",
@@ -310,27 +517,50 @@ def performance_doc(lines: dict[str, list[Line]]) -> str:
         "Generated by `python -m benchmarks.performance_doc` from `benchmarks/results/*.jsonl`;"
         " do not edit by hand (CI fails when this page is stale). Each row names its results line"
         " (`file:line`, the commit that wrote it, `dirty` when the tree had uncommitted changes),"
-        " the CPU, the threads and the device. Per benchmark: the newest line of each"
-        " configuration, newest first. Compare figures only within one results line: CPUs differ"
-        " between machines and sessions (AMX Xeon, AVX2 EPYC), and a 2-core machine shared with"
-        " other work moves timings by up to 1.5x. How each benchmark measures is in its script's"
-        " docstring.",
+        " the CPU, the threads, the device and the encoder backend (`none`: no text encoded)."
+        " Per benchmark: the newest line of each configuration, newest first, and the paths"
+        " whose code its figures measure; `stale: N commits` marks a row whose measured code has"
+        " changed since its line was written (as of this page's generation). Compare figures"
+        " only within one results line: CPUs differ between machines and sessions (AMX Xeon,"
+        " AVX2 EPYC), and a 2-core machine shared with other work moves timings by up to 1.5x."
+        " How each benchmark measures is in its script's docstring.",
         "",
     ]
     for name in names:
         if not lines[name]:
             continue
-        command, summary = script_summary(name)
+        command, summary = script_summary(name, repo)
+        script = script_path(name, repo)
+        measures = measured_paths(script) if script is not None else None
         picked = newest_per_config(lines[name])
+        if history is not None:
+            picked = [Line(ln.file, ln.number, ln.record,
+                           f" · {short_staleness(ln, history, repo)}"
+                           if staleness(ln, history, repo) else "") for ln in picked]
         view = VIEWS.get(name, generic_view)
         parts += [f"## {name.removesuffix('.jsonl')}", ""]
         if summary:
             parts += [summary, ""]
         if command:
             parts += [f"`{command}`; configurations shown: "
-                      + "; ".join(f"`{ln.config or '(defaults)'}`" for ln in picked), ""]
+                      + "; ".join(f"`{ln.config or '(defaults)'}`" for ln in picked)
+                      + "; measures: " + (", ".join(f"`{x}`" for x in measures) if measures
+                                          else "not declared"), ""]
         parts += [render(view(picked)), ""]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def short_staleness(line: Line, history: History, repo: Path = REPO) -> str:
+    """The page's note for a stale row: the commit count, or the reason in a few words."""
+    why = staleness(line, history, repo) or ""
+    m = re.match(r"stale: (\d+ commits?) to ", why)
+    if m:
+        return f"stale: {m[1]}"
+    if "HEAD's history" in why:
+        return "stale: not in HEAD's history"
+    if "no commit" in why:
+        return "stale: no commit"
+    return "stale: no MEASURES"
 
 
 def _newest(lines: dict[str, list[Line]], name: str,
@@ -339,8 +569,20 @@ def _newest(lines: dict[str, list[Line]], name: str,
     return candidates[-1] if candidates else None
 
 
+def label(line: Line) -> str:
+    """A README row's run: threads, device and encoder backend."""
+    threads = line.record.get("threads")
+    return (f"{fmt(threads)} thread{'' if threads == 1 else 's'}, {fmt(line.record.get('device'))},"
+            f" encoder {line.encoder}")
+
+
 def readme_table(lines: dict[str, list[Line]]) -> str:
-    """The README's small table: the default path's headline figures, each naming its line."""
+    """The README's small table: the default path's headline figures, each naming its line
+    and saying its threads, device and encoder backend.
+
+    The 1M-passage bench_scale line is left to docs/performance.md: re-running it takes about
+    half an hour and 20 GB, so a headline row of it would stay stale after most code changes.
+    """
     rows: list[list[str]] = []
     ret = _newest(lines, "bench_retrieval.jsonl")
     if ret is not None:
@@ -351,8 +593,9 @@ def readme_table(lines: dict[str, list[Line]]) -> str:
                         else f"hippo_gpu {row.get('mode')}, batch {row.get('batch')}")
                 rows.append([f"musique_train (1,890 passages): {what}",
                              f"{fmt(row.get('ms_per_query'))} ms/query, R@2 / R@5 "
-                             f"{fmt(recall.get('2'))} / {fmt(recall.get('5'))}", ret.location])
-    for passages in (100_000, 1_000_000):
+                             f"{fmt(recall.get('2'))} / {fmt(recall.get('5'))}", label(ret),
+                             ret.location])
+    for passages in (100_000,):
         scale = _newest(lines, "bench_scale.jsonl", lambda ln, p=passages: (
             ln.record.get("passages") == p and bool((ln.record.get("query") or {}).get(
                 "ms_per_query"))))
@@ -360,7 +603,8 @@ def readme_table(lines: dict[str, list[Line]]) -> str:
             ms = scale.record["query"]["ms_per_query"]
             figures = ", ".join(f"{k.replace('@', ' at Q=')} {fmt(v)}" for k, v in ms.items()
                                 if ":" not in k and k.split("@")[1] in ("1", "32"))
-            rows.append([f"synthetic {passages:,} passages (ms/query)", figures, scale.location])
+            rows.append([f"synthetic {passages:,} passages (ms/query)", figures, label(scale),
+                         scale.location])
     for passages in (100_000,):
         cont = _newest(lines, "bench_continual.jsonl", lambda ln, p=passages: (
             ln.record.get("passages") == p and bool(ln.record.get("insert"))))
@@ -368,15 +612,16 @@ def readme_table(lines: dict[str, list[Line]]) -> str:
             ins, dele = cont.record["insert"], cont.record.get("delete") or {}
             rows.append([f"single-passage insert / delete into {passages:,}",
                          f"p50 {fmt(ins.get('p50_ms'))} / {fmt(dele.get('p50_ms'))} ms",
-                         cont.location])
+                         label(cont), cont.location])
     server = _newest(lines, "bench_server.jsonl", lambda ln: (
         (ln.record.get("config") or {}).get("batching") == "on"))
     if server is not None:
         r = server.record
         rows.append([f"HTTP server, musique, {r.get('concurrency')} clients",
                      f"{fmt(r.get('qps'))} queries/s, p99 "
-                     f"{fmt((r.get('latency_ms') or {}).get('p99'))} ms", server.location])
-    table = render((["what (CPU, float32)", "measured", "results line"], rows))
+                     f"{fmt((r.get('latency_ms') or {}).get('p99'))} ms", label(server),
+                     server.location])
+    table = render((["what (CPU, float32)", "measured", "run", "results line"], rows))
     return f"{BEGIN}\n{table}\n{END}"
 
 
@@ -387,25 +632,53 @@ def updated_readme(text: str, table: str) -> str:
     return text[:start] + table + text[end + len(END):]
 
 
+def stale_pages(doc: str, readme: str) -> list[Path]:
+    """The pages that differ from what the results lines give (the page's stale notes aside)."""
+    out = []
+    for path, text, strip in ((DOC, doc, True), (README, readme, False)):
+        old = path.read_text(encoding="utf-8") if path.exists() else None
+        if old is None or (STALE_NOTE.sub("", old) if strip else old) != (
+                STALE_NOTE.sub("", text) if strip else text):
+            out.append(path)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 when docs/performance.md or README.md's table is stale")
+                    help="exit 1 when docs/performance.md or README.md's table is out of date, "
+                         "or a quoted results line is stale, dirty or unlabelled")
+    ap.add_argument("--quotes", action="store_true",
+                    help="only list the rejected quotes (exit 1 if any); write nothing")
     args = ap.parse_args(argv)
     lines = read_lines()
-    doc = performance_doc(lines)
+    try:
+        history: History | None = History(REPO)
+        history_error = ""
+    except GitHistoryError as e:
+        history, history_error = None, str(e)
+    doc = performance_doc(lines, history)
     readme = updated_readme(README.read_text(encoding="utf-8"), readme_table(lines))
-    stale = [p for p, text in ((DOC, doc), (README, readme))
-             if not p.exists() or p.read_text(encoding="utf-8") != text]
-    if args.check:
-        for p in stale:
-            print(f"stale: {p.relative_to(REPO)} (run python -m benchmarks.performance_doc)",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    DOC.write_text(doc, encoding="utf-8")
-    README.write_text(readme, encoding="utf-8")
-    for p in stale:
-        print(f"wrote {p.relative_to(REPO)}")
+    failed = False
+    if args.check or args.quotes:
+        if args.check:
+            for p in stale_pages(doc, readme):
+                failed = True
+                print(f"out of date: {p.relative_to(REPO)} (run python -m "
+                      "benchmarks.performance_doc)", file=sys.stderr)
+        if history is None:
+            print(f"cannot check the quoted lines: {history_error}", file=sys.stderr)
+            return 1
+        for problem in check_quotes(lines, quoting_texts(readme), history):
+            failed = True
+            print(problem, file=sys.stderr)
+        return 1 if failed else 0
+    for p, text in ((DOC, doc), (README, readme)):
+        if not p.exists() or p.read_text(encoding="utf-8") != text:
+            p.write_text(text, encoding="utf-8")
+            print(f"wrote {p.relative_to(REPO)}")
+    if history is None:
+        print(f"no stale notes on the page: {history_error}", file=sys.stderr)
     return 0
 
 

@@ -382,6 +382,7 @@ def run_eval(data: Path, out_json: Path, threads: int | None) -> None:
     subprocess.run(cmd, check=True)
     data_out = json.loads(out_json.read_text())
     record = provenance("eval", threads=threads, device=str(data_out.get("device", "cpu")),
+                        encoder_backend=data_out.get("query_backend"),
                         precision=data_out.get("precision", "float32"),
                         query_precision=data_out.get("query_precision"))
     out_json.write_text(json.dumps({**record, **data_out, "data": str(data)}, indent=2))

@@ -52,6 +52,13 @@ from benchmarks.common import (
     provenance,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 Ranking = list[list[int]]  # per query, passage rows best first
 RRF_K = 60
 
@@ -272,6 +279,7 @@ def main() -> None:
               f"{r['held_out_R@5']:6.2f}  {r['params']}")
     record = {
         **provenance("probe_second_hop", threads=args.threads, device="cpu",
+                     encoder_backend=searcher.encoder.backend,
                      precision=idx.precision, query_precision=searcher.encoder_config.precision,
                      batch_sizes={"query_batch": len(texts)}, optional_versions=("hippo_gpu",),
                      git=git),

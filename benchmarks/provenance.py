@@ -19,6 +19,10 @@ library versions. The fields, all always present (null when unknown or not appli
     threads          the thread count the benchmark was asked for (null: the library default)
     torch_threads    torch.get_num_threads() when the line is made
     device           where the measured work ran ("cpu", "cuda", "cuda:1", "cpu,cuda")
+    encoder_backend  what ran the text encoder (Encoder.backend: "torch", "onnx", "hash",
+                     "openai"), a list when the benchmark compares several, or null where it
+                     encodes no text; where the encoder runs in another process, the backend
+                     that process was asked for (:func:`requested_backend`)
     precision        index embedding precision (Index.precision; "float32" unless asked), or a
                      list when the benchmark compares several
     query_precision  query encoder precision (SearcherOptions.query_precision); null where no
@@ -148,6 +152,7 @@ def provenance(
     *,
     threads: int | None,
     device: str,
+    encoder_backend: str | Sequence[str] | None,
     precision: str | Sequence[str] | None = "float32",
     query_precision: str | Sequence[str] | None = None,
     batch_sizes: Mapping[str, Any] | None = None,
@@ -161,6 +166,8 @@ def provenance(
         bench: benchmark name.
         threads: thread count the benchmark set (None: it left the library default).
         device: where the measured work ran.
+        encoder_backend: what ran the text encoder, None where no text is encoded. Required:
+            performance_doc refuses to quote a line that does not say it.
         precision: index embedding precision(s).
         query_precision: query encoder precision(s), None where no query is encoded.
         batch_sizes: named batch sizes ("query_batch", "encoder_query_batch_size", ...).
@@ -182,6 +189,8 @@ def provenance(
         "threads": threads,
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "encoder_backend": (list(encoder_backend) if isinstance(encoder_backend, (list, tuple))
+                            else encoder_backend),
         "precision": list(precision) if isinstance(precision, (list, tuple)) else precision,
         "query_precision": (list(query_precision) if isinstance(query_precision, (list, tuple))
                             else query_precision),
@@ -190,6 +199,15 @@ def provenance(
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "argv": list(sys.argv),
     }
+
+
+def requested_backend(model: str, backend: str = "auto") -> str:
+    """The encoder backend asked of another process: "hash" or "openai" when the model name
+    says so (hippo_gpu.embed.Encoder picks them from it), else `backend` as configured."""
+    for prefix in ("hash", "openai"):
+        if model.startswith(f"{prefix}:"):
+            return prefix
+    return backend
 
 
 def append_result(path: str | Path, record: Mapping[str, Any], *, allow_dirty: bool,

@@ -28,6 +28,13 @@ from benchmarks.common import (
     provenance,
 )
 
+# the code this benchmark's figures measure (benchmarks/performance_doc.py checks that no commit
+# to it came after a quoted results line)
+MEASURES = ("hippo_gpu/retrieval", "hippo_gpu/ppr", "hippo_gpu/embed", "kernels/src",
+            "hippo_gpu/config.py", "hippo_gpu/device.py", "hippo_gpu/indexing",
+            "hippo_gpu/storage", "hippo_gpu/versions", "hippo_gpu/tables.py", "hippo_gpu/data.py",
+            "hippo_gpu/evaluate.py")
+
 GRID = {
     "hybrid_linking_top_k": [5, 10],
     "hybrid_passage_node_weight": [0.05, 0.2],
@@ -96,7 +103,8 @@ def main() -> None:
     print(f"best == RetrievalConfig defaults: {is_default}")
     enc = searcher.encoder_config
     record = {
-        **provenance("tune_hybrid", threads=args.threads, device="cpu", precision=idx.precision,
+        **provenance("tune_hybrid", threads=args.threads, device="cpu",
+                     encoder_backend=searcher.encoder.backend, precision=idx.precision,
                      query_precision=enc.precision,
                      batch_sizes={"query_batch": len(texts),
                                   "encoder_query_batch_size": enc.query_batch_size},

@@ -102,7 +102,8 @@ def test_clean_tree_is_recorded_clean(provenance, repo):
     (repo / "benchmarks" / "results" / "new.jsonl").write_text("{}\n")
     state = provenance.check_clean(False, repo)
     assert state["dirty"] is False and state["dirty_files"] == 0 and len(state["commit"]) == 40
-    record = provenance.provenance("t", threads=1, device="cpu", git=state, repo=repo,
+    record = provenance.provenance("t", threads=1, device="cpu", encoder_backend=None,
+                                   git=state, repo=repo,
                                    batch_sizes={"query_batch": [1, 32]})
     provenance.append_result(repo / "benchmarks" / "results" / "t.jsonl", record,
                              allow_dirty=False, repo=repo)
@@ -117,7 +118,7 @@ def test_dirty_tree_is_refused_without_allow_dirty(provenance, repo):
     with pytest.raises(provenance.DirtyTreeError, match="2 uncommitted"):
         provenance.check_clean(False, repo)
     out = repo / "benchmarks" / "results" / "r.jsonl"
-    record = provenance.provenance("t", threads=1, device="cpu", repo=repo)
+    record = provenance.provenance("t", threads=1, device="cpu", encoder_backend=None, repo=repo)
     with pytest.raises(provenance.DirtyTreeError, match="--allow-dirty"):
         provenance.append_result(out, record, allow_dirty=False, repo=repo)
     assert not out.exists()
@@ -130,7 +131,8 @@ def test_dirty_tree_is_refused_without_allow_dirty(provenance, repo):
 def test_dirty_at_start_stays_dirty_when_clean_at_write(provenance, repo):
     (repo / "code.py").write_text("x = 2\n")
     state = provenance.check_clean(True, repo)
-    record = provenance.provenance("t", threads=1, device="cpu", git=state, repo=repo)
+    record = provenance.provenance("t", threads=1, device="cpu", encoder_backend=None,
+                                   git=state, repo=repo)
     (repo / "code.py").write_text("x = 1\n")  # reverted during the run
     out = repo / "benchmarks" / "results" / "r.jsonl"
     provenance.append_result(out, record, allow_dirty=True, repo=repo)
@@ -149,15 +151,16 @@ def test_unknown_git_state_is_refused(provenance, tmp_path):
 
 def test_provenance_fields(provenance, repo):
     record = provenance.provenance(
-        "t", threads=2, device="cpu", precision=["float32", "bfloat16"],
+        "t", threads=2, device="cpu", encoder_backend="onnx", precision=["float32", "bfloat16"],
         query_precision="bfloat16", batch_sizes={"encoder_query_batch_size": 16}, repo=repo,
         optional_versions=("numpy", "no_such_module_xyz"))
     want = {"provenance", "bench", "time", "commit", "dirty", "dirty_files", "dirty_paths",
-            "hardware", "threads", "torch_threads", "device", "precision", "query_precision",
-            "batch_sizes", "versions", "loadavg", "argv"}
+            "hardware", "threads", "torch_threads", "device", "encoder_backend", "precision",
+            "query_precision", "batch_sizes", "versions", "loadavg", "argv"}
     assert set(record) == want
     assert record["precision"] == ["float32", "bfloat16"]
     assert record["query_precision"] == "bfloat16" and record["threads"] == 2
+    assert record["encoder_backend"] == "onnx"
     assert record["hardware"]["cpu"] and record["hardware"]["gpu"] is None
     v = record["versions"]
     assert v["torch"] == torch.__version__ and v["no_such_module_xyz"] is None
