@@ -4,6 +4,7 @@ atomically), `compact` (fold the segments into a new base, drop old versions).""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -36,9 +37,52 @@ def _extract(passages: list, llm: str, out: Path | None) -> list:
     return report.docs
 
 
+def _check_out(out: Path, replace: bool) -> None:
+    """Refuse at once an --out the build would destroy or could not write, before anything is
+    read, loaded or created: a file; an existing index without --replace, or one a writer or a
+    writable server holds (the server's next write would undo the build); a non-empty folder
+    that is no index (its files are not the build's to remove); a place under a file or a
+    folder this user cannot write."""
+    from hippo_gpu.storage.directory import (
+        WRITER_LOCK,
+        IndexFormatError,
+        holder_of,
+        is_index_dir,
+        read_manifest,
+    )
+
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file; give a new or empty directory")
+    if is_index_dir(out):
+        if not replace:
+            try:
+                version = f" (version {read_manifest(out).get('version')})"
+            except IndexFormatError:
+                version = ""
+            fail(f"--out {out} already holds an index{version}; pass --replace to replace it, "
+                 "or give another directory")
+        holder = holder_of(out)
+        if holder is not None:
+            fail(f"--out {out}: {holder} holds this index, and replacing it would undo its "
+                 "writes; stop it first")
+        return
+    if out.is_dir() and any(p.name != WRITER_LOCK for p in out.iterdir()):
+        fail(f"--out {out} is a non-empty directory that is not a hippo-gpu index; give a new "
+             "or empty directory")
+    parent = next(p for p in (out, *out.parents) if p.exists())  # the root always exists
+    if not parent.is_dir():
+        fail(f"--out {out}: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"--out {out}: {parent} is not writable")
+
+
 def index(
     corpus: Path = typer.Option(..., help="corpus JSON: list of {title, text}"),
-    out: Path = typer.Option(..., help="index directory to write (atomically)"),
+    out: Path = typer.Option(..., help="index directory to write (atomically): a new or empty "
+                                       "one, or an existing index with --replace"),
+    replace: bool = typer.Option(
+        False, "--replace", help="replace the index already in --out by this build (refused "
+                                 "while a writer or a writable server holds it)"),
     openie: Path | None = typer.Option(None, help="OpenIE JSON (HippoRAG v1 or v2 format)"),
     llm: str | None = typer.Option(None, help="extract OpenIE first with this " + LLM_HELP),
     encoder: str = typer.Option(EncoderConfig.model, help=ENCODER_HELP),
@@ -72,6 +116,7 @@ def index(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Build an index from a corpus and its OpenIE output (or extract it with --llm first)."""
+    _check_out(out, replace)  # before any work: a refusal costs nothing and leaves nothing
     from hippo_gpu.indexing.build import build_index
 
     n = setup(threads, verbose)

@@ -23,7 +23,13 @@ from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.indexing.graph import fact_text, make_csr
 from hippo_gpu.ppr.basis import PassageBasis
-from hippo_gpu.storage.directory import IndexFormatError, basis_stats, write_version, writer_lock
+from hippo_gpu.storage.directory import (
+    IndexFormatError,
+    basis_stats,
+    servers_kept_off,
+    write_version,
+    writer_lock,
+)
 from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
 __all__ = ["Index", "IndexFormatError", "__version__", "basis_summary", "index_of_files",
@@ -169,9 +175,11 @@ class Index:
         """Write this index to `out_dir` as its new current version, atomically (see
         storage/directory.py).
 
-        Takes the directory's writer lock: a concurrent writer gets WriterLockedError.
+        Takes the directory's writer lock: a concurrent writer gets WriterLockedError, and so
+        does this save while a writable server serves the directory (directory.servers_kept_off:
+        the server's next write would undo it).
         """
-        with writer_lock(out_dir):
+        with writer_lock(out_dir), servers_kept_off(out_dir):
             write_version(out_dir, *self.payload())
         self.path = Path(out_dir).resolve()
         return self.path

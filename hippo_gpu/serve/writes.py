@@ -34,7 +34,7 @@ from hippo_gpu.errors import DiskFullError
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.write_limits import WriteLimits
-from hippo_gpu.storage.directory import WriterLockedError, collect_garbage
+from hippo_gpu.storage.directory import WriterLockedError, claim_for_serving, collect_garbage
 from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter, compaction_due
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,11 @@ class WritableHolder(SearcherHolder):
     finish. None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
     compaction the old base and its segments are removed at once (directory.collect_garbage;
     one another process is reading stays until the next write).
+
+    For its whole life the holder claims the directory (directory.claim_for_serving; `close`
+    releases it): its writer holds the last version in memory and the writer lock only while it
+    writes, so a build saved over the directory meanwhile (`hippo-gpu index --replace`) would be
+    undone by the next write; the claim makes that save refuse instead.
     """
 
     index_dir: Path  # the directory this holder writes (a read-only holder has None)
@@ -77,6 +82,13 @@ class WritableHolder(SearcherHolder):
         self._last_write = 0.0
         self.compactions = 0  # background compactions done
         self.compact_error: str | None = None  # the last background compaction's failure
+        self._claim = claim_for_serving(self.index_dir)  # released by close()
+
+    def close(self) -> None:
+        """Release the claim on the directory (a replace may then proceed) and stop following;
+        writes still work."""
+        super().close()
+        self._claim.close()
 
     def write(self, apply: Any) -> dict[str, Any]:
         """Run `apply(writer)` in one IndexWriter session, commit, and switch readers to the
