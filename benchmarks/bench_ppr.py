@@ -2,7 +2,7 @@
 
 All providers run in one process on the same graph and the same reset vectors. hippo_gpu rows are
 ``method:backend`` (``iterate`` = power iteration, ``chebyshev`` = the semi-iteration of
-hippo_gpu/ppr.py; backend ``torch`` = MKL/cuSPARSE, ``numba`` = the fused CPU kernel of
+hippo_gpu/ppr/iteration.py; backend ``torch`` = MKL/cuSPARSE, ``numba`` = the fused CPU kernel of
 kernels/src/ppr_cpu.py; ``:rcm`` adds the RCM row order to a torch row; ``closed_form``). Per row:
 ms per query (median wall clock, p20-p80, and CPU time: the machine may be shared), speed-up vs
 prpack (wall clock; by CPU time; and with the per-process one-off costs, solver build + loading
