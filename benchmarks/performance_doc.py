@@ -30,7 +30,16 @@ docs/*.md cites; ``--check`` rejects a quoted line, naming it and the reason, wh
 That needs the git history (CI runs on a full clone; a shallow one is refused by name). The
 page itself may show older lines: a row whose line is stale at generation says so
 (``stale: N commits``); the check compares the page without those markers, so a commit to the
-measured code does not make the page itself out of date, only the quotes.
+measured code does not make the page itself out of date, only the quotes. To make the README's
+table current again, re-run its four benchmarks on a clean tree at HEAD (``--quotes`` names the
+stale ones), then run this script without ``--check``:
+
+    python -m benchmarks.bench_retrieval --threads 1
+    python -m benchmarks.bench_scale --passages 100000 --threads 1 --prpack-queries 2
+    python -m benchmarks.bench_continual --threads 1 --synthetic 100000 --repeat 20 \
+        --phases insert,delete --work DIR
+    python -m benchmarks.bench_server --index MUSIQUE_INDEX --batching on --concurrency 1 32 \
+        --requests-per-client 40 --max-seconds 40 --threads 1 --query-backends torch,onnx
 """
 
 from __future__ import annotations
