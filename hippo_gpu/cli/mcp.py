@@ -60,27 +60,28 @@ def mcp(
         raise typer.BadParameter(f"the mcp command needs the mcp extra: pip install "
                                  f"'hippo-gpu[mcp]' ({e})") from e
     from hippo_gpu.retrieval.options import SearcherOptions
-    from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.serve.batcher import BatcherConfig
+    from hippo_gpu.serve.holder import SearcherHolder
     from hippo_gpu.serve.service import RetrievalService, parse_index_specs
 
     try:
         specs = parse_index_specs(index)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    searchers: dict[str, Searcher] = {}
+    holders: dict[str, SearcherHolder] = {}  # each follows new versions (serve/holder.py)
     # Python-level prints while loading must not reach the protocol channel.
     with contextlib.redirect_stdout(sys.stderr):
         for name, path in specs.items():
             typer.echo(f"loading index {name!r} from {path} on {device} ...", err=True)
             try:
-                searchers[name] = SearcherSpec(
+                holders[name] = SearcherHolder(SearcherSpec(
                     path, device=device, precision=precision, threads=threads, warm_up=warmup,
-                    options=SearcherOptions(query_backend=query_backend)).open()
+                    options=SearcherOptions(query_backend=query_backend)).open())
             except ValueError as e:
                 raise typer.BadParameter(f"--index {path}: {e}") from e
-    service = RetrievalService(searchers, BatcherConfig(max_batch, max_wait_ms, max_queue))
+            holders[name].follow()
+    service = RetrievalService(holders, BatcherConfig(max_batch, max_wait_ms, max_queue))
     limits = QueryLimits(max_query_chars=max_query_chars, max_top_k=max_top_k)
     reasoner = None
     if llm is not None:

@@ -271,7 +271,9 @@ def _serve_here(options: ServeOptions) -> None:
 
 
 def _open_holders(options: ServeOptions) -> dict[str, SearcherHolder]:
-    """Each index opened and held (writable: with its directory, so writes commit there)."""
+    """Each index opened and held (writable: with its directory, so writes commit there;
+    read-only: following the versions `hippo-gpu insert`, `delete`, `compact` or `index
+    --replace` commit, each answer naming its version)."""
     from hippo_gpu.serve.holder import SearcherHolder
     from hippo_gpu.serve.writes import WritableHolder
 
@@ -288,8 +290,9 @@ def _open_holders(options: ServeOptions) -> dict[str, SearcherHolder]:
             holders[name] = WritableHolder(
                 searcher, path, device=spec.device, llm=options.llm,
                 llm_cache=path.parent / f"{path.name}.llm-cache.sqlite")
-        else:
+        else:  # follows the versions other processes commit (serve/holder.py)
             holders[name] = SearcherHolder(searcher)
+            holders[name].follow()
         del searcher  # the holder's alone: a write's switch drops it (this frame lives on)
     return holders
 

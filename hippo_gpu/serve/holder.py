@@ -106,15 +106,21 @@ class SearcherHolder:
             if now == seen:
                 continue
             seen = now
-            current = self.current.index
-            try:
-                index = refresh_index(current)
-            except (OSError, HippoGpuError, ValueError) as e:  # kept: the next change retries
-                log.warning("could not follow %s to its new version: %s", manifest.parent, e)
-                continue
-            if index is not current:
-                self.switch(index)
-                log.info("%s: now answering from version %s", manifest.parent, index.version)
+            self._refresh(manifest.parent)
+
+    def _refresh(self, root: Path) -> None:
+        """Switch to the directory's current version (a function of its own, so that this
+        thread holds no version while it waits: the dropped one is freed at once)."""
+        current = self.current.index
+        try:
+            index = refresh_index(current)
+        except (OSError, HippoGpuError, ValueError) as e:  # kept: the next change retries
+            log.warning("could not follow %s to its new version: %s", root, e)
+            return
+        if index is not current:
+            del current
+            self.switch(index)
+            log.info("%s: now answering from version %s", root, index.version)
 
     def close(self) -> None:
         """Stop following (the served version stays)."""

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +23,9 @@ from hippo_gpu.cli import app
 from hippo_gpu.sample import paths
 from hippo_gpu.storage.directory import holder_of, read_manifest, writer_lock
 from tests.cli.test_lazy_imports import _run_app
+from tests.serve.test_holder import serve_cli
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[2]
 REFUSAL_SECONDS = 1.0  # from the CLI call to its exit, in this process (torch already loaded)
 TOKEN = "index-out-test-token"
 
@@ -165,29 +162,8 @@ def test_replace_builds_a_new_version_of_an_index_nobody_holds(index_dir: Path,
 @pytest.fixture()
 def writable_server(index_dir: Path) -> Iterator[str]:
     """`hippo-gpu serve --writable` on the index, in a subprocess on 127.0.0.1: its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-           "HIPPO_GPU_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "hippo_gpu.cli", "serve", "--index", str(index_dir),
-           "--port", str(port), "--device", "cpu", "--threads", "1", "--writable",
-           "--no-warmup", "--no-mcp", "--no-ui", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    with serve_cli(index_dir, "--writable", env={"HIPPO_GPU_TOKEN": TOKEN}) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
 
 
 def test_a_served_writable_index_keeps_its_writes(index_dir: Path, writable_server: str,
