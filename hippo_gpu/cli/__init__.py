@@ -5,7 +5,7 @@
     insert, delete,                      passages (atomic commits); drop old versions
     compact
     eval               cli/evaluate.py   Recall@k, queries/s and stage times per mode
-    retrieve           cli/retrieve.py   answer a query file in batches (resumable)
+    retrieve, query    cli/retrieve.py   answer a query file in batches (resumable); one question
     extract, qa        cli/llm.py        LLM OpenIE extraction; retrieve-then-read QA
     serve              cli/serve.py      the HTTP query server
     mcp                cli/mcp.py        the MCP tools over stdio

@@ -1,12 +1,22 @@
-"""`hippo-gpu retrieve`: answer a file of queries in batches (resumable; see retrieval/batch.py)."""
+"""`hippo-gpu retrieve`: answer a file of queries in batches (resumable; see retrieval/batch.py);
+`hippo-gpu query`: answer one question."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from hippo_gpu.cli.common import (
     LLM_HELP,
@@ -26,14 +36,19 @@ from hippo_gpu.cli.reasoning import (
 )
 from hippo_gpu.config import MODES
 
+STDIN = Path("-")  # --queries -
+
 if TYPE_CHECKING:
+    from hippo_gpu.retrieval.results import Hit
+    from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
 
 
 def retrieve(
     index: Path = typer.Option(..., help="index directory"),
     queries: Path = typer.Option(..., help='queries: JSON Lines or Parquet rows {"id", "query"'
-                                           ', "entities"?}'),
+                                           ', "entities"?}; "-" reads JSON Lines from stdin '
+                                           "(not resumable)"),
     out: Path = typer.Option(..., help="output .jsonl or .parquet: {id, keys, titles, scores}"),
     mode: str = typer.Option("hipporag2", help=f"one of {MODES}"),
     top_k: int = typer.Option(10, min=1, help="passages per query"),
@@ -68,6 +83,7 @@ def retrieve(
     ircot_passages: int | None = typer.Option(None, min=0, help=PASSAGES_HELP),
 ) -> None:
     """Retrieve for every row of a query file; rerun after a crash to finish the same file.
+    Every row is checked before any output is created, so a refused run leaves nothing behind.
 
     With --ray the rows are answered by a pool of Ray actors (hippo_gpu.distributed.ray_batch:
     same output; worker failures are retried; after a crash of this process, rerun the same
@@ -136,6 +152,8 @@ def _checked_spec(o: RetrieveOptions) -> SearcherSpec:
         fail("--explain runs locally: drop --ray")
     if o.ircot and o.explain:
         fail("--explain explains one-step retrieval: drop --ircot or --explain")
+    if o.queries == STDIN and o.ray is not None:
+        fail("--queries - (stdin) runs here: drop --ray, or give a file every node reads")
     return spec
 
 
@@ -155,9 +173,12 @@ def _retrieve_here(o: RetrieveOptions, spec: SearcherSpec, *, threads: int) -> N
         options = IRCoTOptions(reasoner, check_max_steps(o.max_steps))
     try:
         searcher = spec.open()
-        report = retrieve_file(searcher, o.queries, o.out, mode=o.mode, top_k=o.top_k,
-                               batch_size=o.batch_size, part_size=o.part_size,
-                               skip_bad=o.skip_bad, ircot=options, explain=o.explain)
+        with _queries_file(o.queries, o.out) as (queries, out):
+            report = retrieve_file(searcher, queries, out, mode=o.mode, top_k=o.top_k,
+                                   batch_size=o.batch_size, part_size=o.part_size,
+                                   skip_bad=o.skip_bad, ircot=options, explain=o.explain)
+            if queries != o.queries:  # read from stdin: OUT (and its side file) moved out
+                report.bad_file = _move_beside(out, o.out, report.bad_file)
     except (FileNotFoundError, ImportError, ValueError) as e:
         fail(str(e))
     finally:
@@ -167,6 +188,34 @@ def _retrieve_here(o: RetrieveOptions, spec: SearcherSpec, *, threads: int) -> N
                   f"from committed parts, {report.bad} malformed, {report.failed} failed"
                   + (f" (see {report.bad_file})" if report.bad_file else "")
                   + f"; {report.queries_per_s:.1f} queries/s, {threads} threads")
+
+
+@contextlib.contextmanager
+def _queries_file(queries: Path, out: Path) -> Iterator[tuple[Path, Path]]:
+    """(query file, output) for retrieve_file: `queries` and `out` themselves, or for
+    `--queries -` stdin spooled into a hidden folder beside OUT (".OUT.stdin-*", removed when
+    the run ends) and an output inside it, which `_move_beside` then renames to OUT. A run from
+    stdin cannot be resumed (the rows come once), so its parts live and die in that folder."""
+    if queries != STDIN:
+        yield queries, out
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.stdin-") as tmp:
+        spooled = Path(tmp) / "queries.jsonl"
+        with spooled.open("wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f)
+        yield spooled, Path(tmp) / out.name
+
+
+def _move_beside(done: Path, out: Path, bad_file: str | None) -> str | None:
+    """Rename a stdin run's output `done` (and its side file of bad rows, if any) to `out`;
+    returns the side file's new name."""
+    os.replace(done, out)
+    if bad_file is None:
+        return None
+    bad = out.with_name(out.name + ".bad.jsonl")
+    os.replace(bad_file, bad)
+    return str(bad)
 
 
 def _retrieve_ray(o: RetrieveOptions, spec: SearcherSpec) -> None:
@@ -202,5 +251,116 @@ def _retrieve_ray(o: RetrieveOptions, spec: SearcherSpec) -> None:
                   f"{per_worker} threads, actor start included)")
 
 
+def query(
+    index: Path = typer.Argument(..., help="index directory"),
+    question: str = typer.Argument(..., help="the question"),
+    mode: str = typer.Option("hipporag2", help=f"one of {MODES}"),
+    top_k: int = typer.Option(5, min=1, help="passages to show"),
+    explain: bool = typer.Option(False, "--explain",
+                                 help="split each hit's score into one term per seed phrase "
+                                      "and one for the dense prior (Searcher.explain)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object: the hits "
+                                                       "(and the explanation) as served"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
+    threads: int | None = typer.Option(None, help="CPU threads"),
+) -> None:
+    """Answer one question: the top passages of an index for it (a query file, in batches and
+    resumable: `retrieve`; a running service: `serve`)."""
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; choose from {MODES}")
+    if not question.strip():
+        fail("the question is empty")
+    from hippo_gpu.retrieval.spec import SearcherSpec
+    from hippo_gpu.storage.directory import is_index_dir
+
+    if not is_index_dir(index):
+        fail(f"{index} is not a hippo-gpu index")
+    setup(threads)
+    try:
+        searcher = SearcherSpec(index, device=device, threads=threads,
+                                encoder_model=encoder).open()
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    texts = searcher.index.passage_texts
+    if explain:
+        _show_explained(searcher, index, question, mode, top_k, as_json)
+        return
+    ranking = searcher.rank([question], top_k=top_k, mode=mode)
+    if ranking.failed:
+        fail(f"the query has no answer: {ranking.failed[0]}")
+    hits = searcher.to_hits(ranking)[0]
+    version = searcher.index.version
+    if as_json:
+        print(json.dumps({"index": str(index), "version": version, "mode": mode,
+                          "question": question,
+                          "hits": [_hit_json(h, texts) for h in hits]}, ensure_ascii=False))
+        return
+    table = _hit_table(f"{index} (version {version}), {mode}: {question}")
+    for h in hits:
+        table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.title, _short(texts[h.row]))
+    console.print(table)
+
+
+def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, top_k: int,
+                    as_json: bool) -> None:
+    """`query --explain`: the hits with their scores split (one term per seed phrase, the
+    dense prior, hipporag1's shift), as a table or JSON (explanation_dict)."""
+    from hippo_gpu.retrieval.explanation import explanation_dict
+    from hippo_gpu.retrieval.results import QueryFailure
+
+    index = searcher.index
+    try:
+        ex = searcher.explain([question], top_k=top_k, mode=mode)[0]
+    except QueryFailure as e:
+        fail(f"the query has no answer: {e.failures[0]}")
+    if as_json:
+        print(json.dumps({"index": str(where), "version": index.version, "mode": mode,
+                          "question": question,
+                          "explanation": explanation_dict(ex, index.passage_keys,
+                                                          index.passage_titles,
+                                                          index.passage_texts)},
+                         ensure_ascii=False))
+        return
+    table = _hit_table(f"{where} (version {index.version}), {mode}: {question}")
+    table.add_column("score = seed terms + dense + offset")
+    for h in ex.hits:
+        terms = [f"{s.phrase} {s.contribution:+.4f}" for s in h.seeds[:3]]
+        if len(h.seeds) > 3:
+            rest = sum(s.contribution for s in h.seeds[3:])
+            terms.append(f"{len(h.seeds) - 3} more {rest:+.4f}")
+        if h.dense is not None:
+            terms.append(f"dense {h.dense.total:+.4f}")
+        if h.offset:
+            terms.append(f"offset {h.offset:+.4f}")
+        table.add_row(str(h.hit.rank + 1), f"{h.hit.score:.4f}", h.hit.title,
+                      _short(index.passage_texts[h.hit.row]), "\n".join(terms))
+    console.print(table)
+    if ex.seeds:
+        console.print("seeds: " + ", ".join(f"{s.phrase} ({s.share:.0%})" for s in ex.seeds)
+                      + f"; dense prior {ex.dense_share:.0%}", markup=False, highlight=False)
+    elif ex.dense_answer:
+        console.print("no fact was kept: the dense ranking answered", markup=False)
+
+
+def _hit_table(title: str) -> Table:
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("title")
+    table.add_column("text")
+    return table
+
+
+def _hit_json(h: Hit, texts: Sequence[str]) -> dict[str, Any]:
+    return {"key": h.key, "title": h.title, "text": texts[h.row], "score": float(h.score),
+            "rank": h.rank}
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return escape(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(retrieve)
+    app.command()(query)

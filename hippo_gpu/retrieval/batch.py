@@ -20,7 +20,9 @@ they are joined into OUT (atomically) and the parts removed. So a run killed at 
 gives every id exactly once, in input order. Rows whose retrieval failed go to
 part-NNNNNN.failed.jsonl, committed before their part, and from there to OUT.bad.jsonl.
 
-Memory does not grow with the input: rows are read lazily, one part at a time.
+Memory does not grow with the input: rows are read lazily, one part at a time. A new run reads
+them once more before it creates OUT.parts, so a malformed row (without `skip_bad`) or an
+unreadable file is refused with nothing written, and the rerun on the fixed file starts clean.
 
 IRCoT (`ircot=IRCoTOptions(...)`, hippo_gpu.retrieval.ircot): each batch of rows runs the batched
 IRCoT loop instead of one retrieval, and each output row also holds "thoughts" (in order), "steps"
@@ -179,6 +181,16 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
+def _check_rows(queries: Path, skip_bad: bool) -> None:
+    """Read every row of `queries` once and raise its first DataFormatError (a malformed row
+    unless `skip_bad`; an unreadable file always), before the run creates OUT.parts: a refused
+    run leaves no parts, whose identity (the file's size and mtime) would refuse the rerun once
+    the file is fixed. One more pass over the input, lazily as the run's own: it costs the
+    parsing only, small beside the retrieval."""
+    for _ in read_query_rows(queries, skip_bad=skip_bad):
+        pass
+
+
 def _run_identity(queries: Path, searcher: Searcher, mode: str, top_k: int,
                   part_size: int, ircot: IRCoTOptions | None = None,
                   explain: bool = False) -> dict[str, Any]:
@@ -220,7 +232,8 @@ def retrieve_file(
         _pyarrow_parquet()
     parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
     identity = _run_identity(queries, searcher, mode, top_k, part_size, ircot, explain)
-    if parts.resume(identity) is None:
+    if parts.resume(identity) is None:  # a new run: every row checked before OUT.parts exists
+        _check_rows(queries, skip_bad)
         parts.start(identity)
     report = BatchReport()
     bad: list[dict[str, Any]] = []
