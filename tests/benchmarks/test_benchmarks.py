@@ -169,8 +169,10 @@ def test_provenance_fields(provenance, repo):
 
 
 # modules the scripts import (continual_synthetic: bench_continual --synthetic's procedure;
-# soak: the writable server and clients of bench_soak, bench_writable and tests/serve/test_soak)
-LIBRARIES = ("__init__", "common", "provenance", "timing", "continual_synthetic", "soak")
+# soak: the writable server and clients of bench_soak, bench_writable and tests/serve/test_soak;
+# upstream_hipporag: the official package's run of bench_official_hipporag2)
+LIBRARIES = ("__init__", "common", "provenance", "timing", "continual_synthetic", "soak",
+             "upstream_hipporag")
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
 
