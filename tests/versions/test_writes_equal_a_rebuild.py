@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from hippo_gpu import build_index, load_index
-from hippo_gpu.config import EncoderConfig, GraphConfig
+from hippo_gpu.config import EncoderConfig, GraphConfig, RetrievalConfig
 from hippo_gpu.data import read_questions
 from hippo_gpu.embed import Encoder
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.versions.writer import IndexWriter
-from tests.helpers import musique_or_skip
+from tests.helpers import musique_or_skip, transition_gap
 from tests.versions.index_checks import (
     assert_same_basis,
     assert_same_index,
@@ -248,8 +248,7 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
         assert grown.passage_keys == full.passage_keys
         grown_res = run(grown)
         assert grown_res.recall == full_res.recall
-        same = sum(a[:10] == b[:10] for a, b in zip(grown_res.ranked_keys, full_res.ranked_keys))
-        assert same >= 98, f"identical top-10 for {same}/100 questions"
+        assert_same_rankings_up_to_certified_ties(grown, full, encoder, questions)
         w.delete(grown.passage_keys[cut:])
         w.commit()
         assert content_stats(load_index(tmp_path / "index", device="cpu")) == \
@@ -260,5 +259,36 @@ def test_musique_insert_and_delete_equal_full_builds(tmp_path):
     assert_same_basis(shrunk, head)
     shrunk_res = run(shrunk)
     assert shrunk_res.recall == head_res.recall
-    assert sum(a[:10] == b[:10] for a, b in zip(shrunk_res.ranked_keys,
-                                                head_res.ranked_keys)) >= 98
+    assert_same_rankings_up_to_certified_ties(shrunk, head, encoder, questions)
+
+
+def assert_same_rankings_up_to_certified_ties(got: Index, want: Index, encoder: Encoder,
+                                              questions: list) -> None:
+    """The HippoRAG 2 top-10 of every question agree up to certified ties
+    (benchmarks.soak.ranking_differences: 0 differences beyond the bounds). A question's bound
+    is the two solves' certified L1 bounds plus what the two graphs' own difference can move an
+    exact solution: d/(1 − d)·‖M_got − M_want‖₁ for a reset vector of mass 1 (the argument of
+    tests/helpers.assert_basis_close). A question answered densely (no PPR) has the same bits
+    on both sides: the same vectors through the same fixed-shape products, bound 0."""
+    from benchmarks.soak import ranking_differences
+
+    texts = [q.question for q in questions]
+    damping = RetrievalConfig().damping
+    widen = damping / (1.0 - damping) * transition_gap(got.adjacency, want.adjacency)
+    query_emb = encoder.encode_queries(texts, "query_to_passage")
+    sides = []
+    for index in (got, want):
+        searcher = Searcher(index, encoder=encoder)
+        ranked = searcher.rank(texts, top_k=10, mode="hipporag2", query_emb=query_emb)
+        bound = ranked.ppr_bound if ranked.ppr_bound is not None else torch.zeros(len(texts))
+        sides.append((searcher.to_hits(ranked), ranked.dense_fallback.cpu(), bound.cpu()))
+    (hits_g, dense_g, bound_g), (hits_w, dense_w, bound_w) = sides
+    assert torch.equal(dense_g, dense_w)
+    differ = beyond = 0
+    for q in range(len(texts)):
+        bound = 0.0 if bool(dense_g[q]) else float(bound_g[q]) + float(bound_w[q]) + widen
+        d, b = ranking_differences([(h.key, h.score) for h in hits_g[q]],
+                                   [(h.key, h.score) for h in hits_w[q]], bound)
+        differ, beyond = differ + d, beyond + b
+    assert beyond == 0, f"{beyond} differences beyond the certified bounds ({differ} within)"
+    print(f"top-10 vs the fresh build: {differ} positions differ within their bounds")
