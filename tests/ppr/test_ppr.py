@@ -312,3 +312,185 @@ def test_top_k_rejects_bad_values() -> None:
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError):
             solver(torch.from_numpy(reset), top_k=bad)
+
+
+# -- hippo_gpu/ppr/certificate.py's rules, against their definitions ---------------------------
+
+
+def test_stall_steps_is_four_halving_periods_and_at_least_eight() -> None:
+    """4·⌈ln 2 / ln(1/d)⌉ steps, at least 8: the bound halves at least every ⌈ln 2/ln(1/d)⌉
+    steps in exact arithmetic, so 4 such periods without a halving mean round-off."""
+    from hippo_gpu.ppr.certificate import stall_steps
+
+    # ln 2 / ln(1/d): 1 (d = 0.5), 4.27 (0.85), 6.58 (0.9), 68.97 (0.99)
+    assert [stall_steps(d) for d in (0.0, 0.3, 0.5, 0.85, 0.9, 0.99)] == [8, 8, 8, 20, 28, 276]
+
+
+def test_check_top_k_takes_positive_ints_or_none() -> None:
+    from hippo_gpu.ppr.certificate import check_top_k
+
+    assert [check_top_k(k) for k in (None, 1, 2, 3.0, 300)] == [0, 1, 2, 3, 300]
+    for bad in (0, -3, 2.5, 0.0):
+        with pytest.raises(ValueError, match=f"top_k must be a positive int or None, got {bad!r}"):
+            check_top_k(bad)
+
+
+def _certified_reference(z: torch.Tensor, rows: list[int] | None, k: int,
+                         eps: list[float]) -> list[bool]:
+    """topk_certified's definition in plain Python (float64): every consecutive gap among the
+    k + 1 largest values of z[rows, q] exceeds eps[q]."""
+    out = []
+    for q in range(z.shape[1]):
+        col = z[:, q].double().tolist()
+        top = sorted(col if rows is None else [col[r] for r in rows], reverse=True)[:k + 1]
+        out.append(all(a - b > eps[q] for a, b in zip(top, top[1:])))
+    return out
+
+
+def test_topk_certified_is_its_definition() -> None:
+    """Random small columns with many exact ties and gaps exactly equal to eps (half-integer
+    values: exact differences), with and without a row subset, every k from 1 past T."""
+    from hippo_gpu.ppr.certificate import topk_certified
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(400):
+        t, q = 1 + trial % 9, 1 + trial % 5
+        z = torch.randint(0, 7, (t + 2, q), generator=gen).float() * 0.5
+        eps = [float(e) for e in torch.randint(0, 3, (q,), generator=gen) * 0.5]
+        rows = None if trial % 2 else torch.randperm(t + 2, generator=gen)[:t].tolist()
+        k = 1 + trial % (t + 2)
+        got = topk_certified(z, None if rows is None else torch.tensor(rows), k,
+                             torch.tensor(eps, dtype=torch.float32))
+        assert got.dtype == torch.bool and got.shape == (q,)
+        assert got.tolist() == _certified_reference(z, rows, k, eps), (z, rows, k, eps)
+
+
+def test_classify_applies_the_bound_the_halving_record_and_the_stall_rule() -> None:
+    """classify's rules on hand-made columns (dyadic values: every comparison exact), the
+    equalities included: certified when solve + ω ≤ tol; the halving record moves where
+    solve ≤ halved / 2; stalled when uncertified and k − halved_at ≥ patience."""
+    from hippo_gpu.ppr.certificate import classify
+
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    solve = f64([1.0, 0.75, 0.5, 2.0, 0.0])
+    halved = f64([2.0, 1.5, 2.0, 3.0, 1.0])
+    halved_at = torch.tensor([0, 3, 1, 2, 4])
+    refuted = torch.tensor([0, 1, 2, 3, 4])
+    g = torch.zeros(3, 5)
+    ok, stall, now, halved2, at2, refuted2 = classify(
+        10, solve, f64([9.0] * 5), g, g, g, halved, halved_at, refuted, tol=1.0, omega=0.25,
+        top_k=0, target_rows=None, patience=8, check=None)
+    assert ok.tolist() == [False, True, True, False, True]
+    assert stall.tolist() == [False, False, False, True, False]
+    assert now.tolist() == [1.25, 1.0, 0.75, 2.25, 0.25]
+    assert halved2.tolist() == [1.0, 0.75, 0.5, 3.0, 0.0]
+    assert at2.tolist() == [10, 10, 10, 2, 10]
+    assert refuted2.tolist() == [0, 1, 2, 3, 4]
+    _, stall, *_ = classify(9, solve, f64([9.0] * 5), g, g, g, halved, halved_at, refuted,
+                            tol=1.0, omega=0.25, top_k=0, target_rows=None, patience=8,
+                            check=None)
+    assert stall.tolist() == [False] * 5  # 9 − 2 < 8
+
+
+def test_classify_certifies_the_top_k_by_its_gaps() -> None:
+    """With top_k, a column over tol is certified when its top-k gaps exceed its error (the
+    solve bound's err, not the bound with ω), over target_rows only."""
+    from hippo_gpu.ppr.certificate import classify
+
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    g = torch.tensor([[0.0, 0.0, 9.0], [4.0, 4.0, 4.0], [3.0, 3.5, 3.9], [1.0, 1.0, 1.0]])
+    rows = torch.tensor([1, 2, 3])
+    ok, *_ = classify(1, f64([5.0] * 3), f64([0.5, 0.5, 0.05]), g, g, g, f64([1.0] * 3),
+                      torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64),
+                      tol=1.0, omega=0.0, top_k=1, target_rows=rows, patience=8, check=None)
+    assert ok.tolist() == [True, False, True]  # gaps 1.0, 0.5 (= err: not certified), 0.1
+
+
+class _Verdicts:
+    """A float64 re-check that returns given verdicts and records what it was asked."""
+
+    def __init__(self, held: list[bool]) -> None:
+        self.held, self.calls = torch.tensor(held), []
+
+    def verify(self, base, y, g, ok, now, tol, top_k, target_rows):
+        self.calls.append((ok.clone(), now.clone(), tol, top_k, target_rows))
+        now += 100.0  # the float64 bounds, written in place
+        return self.held.clone()
+
+
+def test_classify_keeps_only_what_the_float64_check_confirms() -> None:
+    """A refuted certificate iterates on, counts a refutation, and stalls once the count
+    reaches the patience; the check is not asked when no column is certified."""
+    from hippo_gpu.ppr.certificate import classify
+
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    g = torch.zeros(2, 4)
+    rows = torch.tensor([0, 1])
+    check = _Verdicts([True, False, False, False])
+    ok, stall, now, _, _, refuted = classify(
+        3, f64([0.5, 0.5, 0.5, 4.0]), f64([9.0] * 4), g, g, g, f64([0.1] * 4),
+        torch.full((4,), 3), torch.tensor([0, 0, 7, 0]), tol=1.0, omega=0.0, top_k=2,
+        target_rows=rows, patience=8, check=check)  # type: ignore[arg-type]
+    assert len(check.calls) == 1
+    asked, now_then, tol, top_k, target = check.calls[0]
+    assert asked.tolist() == [True, True, True, False] and now_then.tolist() == [0.5] * 3 + [4]
+    assert (tol, top_k, target) == (1.0, 2, rows)
+    assert ok.tolist() == [True, False, False, False]
+    assert refuted.tolist() == [0, 1, 8, 0]
+    assert stall.tolist() == [False, False, True, False]
+    assert now.tolist() == [100.5] * 3 + [104.0]
+    check = _Verdicts([True] * 4)
+    classify(3, f64([4.0] * 4), f64([9.0] * 4), g, g, g, f64([9.0] * 4), torch.zeros(4),
+             torch.zeros(4), tol=1.0, omega=0.0, top_k=0, target_rows=None, patience=8,
+             check=check)  # type: ignore[arg-type]
+    assert check.calls == []
+
+
+def test_float64_check_is_its_formula() -> None:
+    """Float64Check against its docstring's bound, recomputed here in float64: slack
+    (deg_max + 4)·2⁻⁵²/(1 − d) + 2⁻²³; for the asked columns err = (‖g − g₆₄‖₁ + d/(1 − d)
+    ‖g₆₄ − y‖₁ + slack)·grow, the bound 2·err/Σg·grow + ω (∞ for a column of no mass), held
+    when ≤ tol or (top_k) when the top-k gaps exceed err; other columns untouched."""
+    from hippo_gpu.ppr.certificate import Float64Check
+
+    gen = torch.Generator().manual_seed(9)
+    n, q, d, omega, grow = 6, 5, 0.5, 0.01, 1.5
+    dense = torch.rand(n, n, generator=gen, dtype=torch.float64)
+    dense[dense < 0.5] = 0.0
+    dense[2] = torch.tensor([0.2, 0.3, 0.1, 0.0, 0.4, 0.5], dtype=torch.float64)  # 5 entries
+    dense[4] = 0.0
+    matrix = dense.to_sparse_csr()
+    deg_max = int((dense != 0).sum(dim=1).max())
+    check = Float64Check(matrix, d, omega, grow)
+    assert check.slack == (deg_max + 4) * 2.0 ** -52 / (1 - d) + 2.0 ** -23
+    assert Float64Check(torch.zeros(0, 0, dtype=torch.float64).to_sparse_csr(), d, omega,
+                        grow).slack == 4 * 2.0 ** -52 / (1 - d) + 2.0 ** -23
+
+    base = (torch.rand(n, q, generator=gen) * 0.1).float()
+    y = torch.rand(n, q, generator=gen).float()
+    g = (base.double() + d * dense @ y.double()).float() + 1e-3 * torch.rand(n, q, generator=gen)
+    g[:, 3] = 0.0  # no mass
+    ok = torch.tensor([True, True, False, True, True])
+    g64 = base.double() + d * dense @ y.double()
+    err = ((g.double() - g64).abs().sum(0) + d / (1 - d) * (g64 - y.double()).abs().sum(0)
+           + check.slack) * grow
+    mass = g.double().sum(0)
+    want = torch.where(mass > 0, 2.0 * err / mass * grow, torch.inf) + omega
+    now = torch.full((q,), -1.0, dtype=torch.float64)
+    assert not check.verify(base, y, g, ok, now, 0.0, 0, None).any()
+    torch.testing.assert_close(now[ok], want[ok], rtol=1e-12, atol=0)
+    assert now[2] == -1.0 and now[3] == torch.inf
+    tol = float(now[[0, 1, 4]].sort().values[1])  # the middle one held at equality
+    held = check.verify(base, y, g, ok, now, tol, 0, None)
+    assert held.dtype == torch.bool
+    assert held.tolist() == [bool(b) for b in (ok & (now <= tol)).tolist()]
+    assert held.tolist().count(True) == 2
+    # top_k: held also where the top-k gaps of g exceed err
+    rows = torch.tensor([0, 2, 5])
+    gaps_ok = []
+    for j in range(q):
+        top = sorted(g[rows, j].double().tolist(), reverse=True)[:3]
+        gaps_ok.append(all(a - b > float(err[j]) for a, b in zip(top, top[1:])))
+    now = torch.zeros(q, dtype=torch.float64)
+    held = check.verify(base, y, g, ok, now, 0.0, 2, rows)
+    assert held.tolist() == [bool(o) and c for o, c in zip(ok.tolist(), gaps_ok)]

@@ -81,6 +81,27 @@ def test_nearest_rows_takes_the_first_maximum_across_blocks() -> None:
         assert nearest_rows(queries, emb, rows).tolist() == want.tolist(), rows
 
 
+def test_nearest_rows_holds_one_block_of_scores_at_a_time(monkeypatch) -> None:
+    """The memory bound of its docstring: never more than [E, rows_per_block] scores (the
+    blocks it asks scores_against for), all rows when rows_per_block is None; one row works,
+    none is refused."""
+    seen: list[tuple[int, int]] = []
+    real = blockwise.scores_against
+    monkeypatch.setattr(blockwise, "scores_against",
+                        lambda q, e: seen.append((len(q), len(e))) or real(q, e))
+    gen = torch.Generator().manual_seed(4)
+    emb = torch.randn(10, 8, generator=gen)
+    queries = torch.randn(3, 8, generator=gen)
+    want = (queries @ emb.T).argmax(dim=1).tolist()
+    for rows, blocks in ((None, [10]), (4, [4, 4, 2]), (10, [10]), (64, [10]), (0, [1] * 10)):
+        seen.clear()
+        assert nearest_rows(queries, emb, rows).tolist() == want, rows
+        assert seen == [(3, b) for b in blocks], rows
+    assert nearest_rows(queries, emb[4:5]).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="^nearest_rows needs at least one embedding row$"):
+        nearest_rows(queries, emb[:0])
+
+
 def test_block_rows_and_spans() -> None:
     align = blockwise.ROW_ALIGN
     assert block_rows(1000, 10, 10_000) == 1000  # fits: one block of everything

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hippo_gpu.config import MODES
-from hippo_gpu.retrieval.ranking import ranks_of, topk_stable
+from hippo_gpu.retrieval.ranking import cat_topk, minmax_rows, ranks_of, scale_rows, topk_stable
 from hippo_gpu.retrieval.seeds import _segment_mean
 from tests.helpers import QUERIES
 
@@ -35,11 +35,52 @@ def test_topk_stable_takes_the_lowest_indices_among_ties_at_the_cut(device: str)
             assert vals[r].tolist() == [scores[r, j].item() for j in want]
 
 
+def test_topk_stable_of_empty_batches_and_k_past_the_row() -> None:
+    scores = torch.tensor([[0.5, 0.7, 0.5], [0.1, 0.1, 0.3]])
+    for q, k in ((0, 3), (2, 0), (0, 0)):
+        vals, idx = topk_stable(scores[:q], k)
+        assert vals.shape == idx.shape == (q, 0) and idx.dtype == torch.int64
+        assert vals.dtype == scores.dtype
+    vals, idx = topk_stable(scores, 5)  # k > P: every column, ranked
+    assert idx.tolist() == [[1, 0, 2], [2, 0, 1]]
+    assert torch.equal(vals, scores.gather(1, idx))
+
+
 def test_ranks_are_exact_integers() -> None:
     scores = torch.tensor([[0.5, 0.7, 0.5, 0.1], [1.0, 1.0, 1.0, 1.0]])
     r = ranks_of(scores)
     assert r.dtype == torch.int64
     assert r.tolist() == [[1, 0, 2, 3], [0, 1, 2, 3]]
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(50):
+        x = torch.randint(0, 4, (1 + trial % 3, 1 + trial % 11), generator=gen).float()
+        for row, got in zip(x.tolist(), ranks_of(x).tolist()):
+            order = _reference_topk(row, len(row))
+            assert got == [order.index(j) for j in range(len(row))]
+
+
+def test_minmax_rows_is_the_formula_per_row_and_ones_for_a_flat_row() -> None:
+    """(x − min) / (max − min) per row with the row's own min and max, in x's dtype; a row of
+    zero range becomes ones (upstream's rule)."""
+    x = torch.tensor([[0.25, 0.75, 0.5, 0.3], [2.0, 2.0, 2.0, 2.0], [-3.0, 5.0, 1.0, -1.0],
+                      [0.1, 0.1, 0.2, 0.15]])
+    got = minmax_rows(x)
+    lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
+    want = (x - lo) / (hi - lo)
+    want[1] = 1.0
+    assert got.dtype == x.dtype and torch.equal(got, want)
+    assert torch.equal(minmax_rows(x.double()), ((x.double() - lo.double())
+                                                  / (hi - lo).double()).nan_to_num(1.0))
+    got = scale_rows(x, torch.full((4, 1), -4.0), torch.full((4, 1), -4.0))  # zero range
+    assert torch.equal(got, torch.ones_like(x))
+
+
+def test_cat_topk_concatenates_chunks_along_the_queries() -> None:
+    a = (torch.tensor([[0.9, 0.1]]), torch.tensor([[4, 2]]))
+    b = (torch.tensor([[0.8, 0.7], [0.5, 0.4]]), torch.tensor([[0, 1], [3, 5]]))
+    scores, rows = cat_topk([a, b])
+    assert scores.tolist() == torch.cat([a[0], b[0]]).tolist()
+    assert rows.tolist() == [[4, 2], [0, 1], [3, 5]] and rows.dtype == torch.int64
 
 
 @pytest.mark.parametrize("device", DEVICES)

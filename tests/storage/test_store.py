@@ -1,9 +1,15 @@
 """Index save -> load round trip, corruption and compatibility errors."""
 
+import errno
+import hashlib
 import json
+import logging
 import os
+import random
+import re
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +164,147 @@ def test_write_atomic_leaves_nothing_on_error(tmp_path):
         write_atomic(path, broken)
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+# -- storage/durable.py: the one atomic write, its fsyncs, and the full disk's error ----------
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd (Linux)")
+@pytest.mark.parametrize("kind", ["str", "bytes", "callable"])
+def test_write_atomic_syncs_the_file_renames_it_then_syncs_the_folder(tmp_path, monkeypatch,
+                                                                      kind):
+    """The order write_atomic's docstring promises: the data in a `.NAME.tmp-UNIQUE` file beside
+    the target, that file fsynced, before_replace, the rename over the target, the folder
+    fsynced; the new file has the content and the umask's permissions (a callable that writes
+    0600, as safetensors does, included)."""
+    from hippo_gpu.storage import durable
+
+    events: list[tuple[str, ...]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", _fd_path(fd)))
+                        or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(a), str(b)))
+                        or real_replace(a, b))
+    path = tmp_path / "f.txt"
+    path.write_text("old")
+    text = "née ü"
+
+    def writer(tmp: Path) -> None:
+        tmp.write_bytes(text.encode("utf-8"))
+        os.chmod(tmp, 0o600)
+
+    data = {"str": text, "bytes": text.encode("utf-8"), "callable": writer}[kind]
+    got = durable.write_atomic(str(path), data,
+                               before_replace=lambda: events.append(("before_replace",)))
+    assert got == path and path.read_text(encoding="utf-8") == text
+    tmp = events[0][1]
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/\.f\.txt\.tmp-[0-9a-f]{32}", tmp), tmp
+    assert events == [("fsync", tmp), ("before_replace",), ("replace", tmp, str(path)),
+                      ("fsync", str(tmp_path))]
+    assert path.stat().st_mode & 0o777 == 0o666 & ~durable.umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_write_atomic_logs_a_failed_folder_sync_and_returns(tmp_path, monkeypatch, caplog):
+    """Once the rename is done nothing raises: a failed fsync of the folder is logged (naming
+    the file and the error) and the new file stands."""
+    from hippo_gpu.storage import durable
+
+    real = durable.fsync_path
+
+    def fsync_path(p: Path) -> None:
+        if p == tmp_path:
+            raise OSError(errno.EIO, "sync failed")
+        real(p)
+
+    monkeypatch.setattr(durable, "fsync_path", fsync_path)
+    path = tmp_path / "f.txt"
+    with caplog.at_level(logging.WARNING, logger=durable.__name__):
+        assert durable.write_atomic(path, b"new") == path
+    assert path.read_bytes() == b"new"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: written, but syncing its folder failed ({OSError(errno.EIO, 'sync failed')}); "
+        "it may not survive a power loss"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_raises_disk_full_error_naming_the_file(tmp_path, code):
+    """ENOSPC / EDQUOT inside write_atomic (a write() that names no file) becomes DiskFullError
+    naming the target, not the temporary file; the old file stays, nothing else is left."""
+    from hippo_gpu.errors import DiskFullError
+    from hippo_gpu.storage.durable import write_atomic
+
+    path = write_atomic(tmp_path / "f.txt", "old")
+
+    def full(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise OSError(code, os.strerror(code))
+
+    with pytest.raises(DiskFullError) as info:
+        write_atomic(path, full)
+    quota = " (the disk quota is exceeded)" if code == errno.EDQUOT else ""
+    assert str(info.value) == (
+        f"{path}: no space left on device{quota}; it was not written and what was there "
+        "before is unchanged: free some space and run again")
+    assert (info.value.errno, info.value.path) == (code, str(path))
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == code
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_naming_full_disk_passes_other_errors_through(tmp_path):
+    from hippo_gpu.errors import DiskFullError
+    from hippo_gpu.storage.durable import disk_full, naming_full_disk
+
+    other = OSError(errno.EACCES, "denied")
+    with pytest.raises(OSError) as info, naming_full_disk(tmp_path / "a"):
+        raise other
+    assert info.value is other
+    named = disk_full(tmp_path / "b", OSError(errno.ENOSPC, "full"))
+    with pytest.raises(DiskFullError) as info, naming_full_disk(tmp_path / "a"):
+        raise named  # already named: kept as it is
+    assert info.value is named and named.path == str(tmp_path / "b")
+
+
+def test_sha256_of_files_larger_than_a_read_block(tmp_path):
+    from hippo_gpu.storage.durable import sha256_file, sha256_files
+
+    rnd = random.Random(0)
+    sizes = [0, 1, (1 << 20) - 1, (1 << 20) + 3, 3 << 20]
+    paths = []
+    for i, n in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(rnd.randbytes(n))
+    want = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    assert [sha256_file(p) for p in paths] == want
+    assert sha256_files(paths) == want  # in the given order
+    assert sha256_files(paths[::-1]) == want[::-1] and sha256_files([]) == []
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002, 0o077])
+def test_umask_is_read_without_changing_it(monkeypatch, mask):
+    """From /proc/self/status where there is one (os.umask, which sets it, is not called: a
+    set-and-restore races other threads creating files); else by the set-and-restore."""
+    from hippo_gpu.storage import durable
+
+    old = os.umask(mask)
+    try:
+        calls: list[int] = []
+        real = os.umask
+        with monkeypatch.context() as m:
+            m.setattr(os, "umask", lambda v: calls.append(v) or real(v))
+            if os.path.exists("/proc/self/status"):
+                assert durable.umask() == mask and calls == []
+
+            def no_proc(self: Path, *args: object, **kw: object) -> str:
+                raise OSError(errno.ENOENT, "no /proc")
+
+            m.setattr(Path, "read_text", no_proc)
+            assert durable.umask() == mask and len(calls) == 2
+        assert os.umask(mask) == mask  # restored
+    finally:
+        os.umask(old)
