@@ -7,8 +7,9 @@ nor the bundled sample ships a query-NER file. Rows, all on the same index, enti
 
 * searcher        ``evaluate_mode(Searcher(index), questions, "hipporag1", query_entities=...)``:
                   the mode as shipped, D' (passage-fact incidence derived from the index).
-* exact D         the same pipeline with the exact passage-fact incidence rebuilt from the
-                  OpenIE file (``hipporag1.passage_facts_from_openie``), ties by lower row.
+* exact D         the same pipeline with the legacy graph rebuilt from the OpenIE file
+                  (``hipporag1.build_v1_graph(index, openie_docs=...)``: the exact passage-fact
+                  incidence and v1's count of repeated triples), ties by lower row.
 * exact D, v1 ties  as above, but tied passages in descending row order, as v1's
                   ``np.argsort(kind='mergesort')[::-1]`` leaves them: the closest to legacy v1.
 * sample          the bundled sample (30 passages, 4 questions): searcher and exact D rows.
@@ -123,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
     docs, _ = read_openie(openie, as_passages(data / "corpus.json"))
     exact_pairs = v1.passage_facts_from_openie(index, docs)
     derived_pairs = v1.derived_passage_facts(index)
-    exact = v1.build_v1_graph(index, passage_facts=exact_pairs)
+    exact = v1.build_v1_graph(index, openie_docs=docs)
     keys = index.passage_keys
     for name, legacy in (("musique exact D", False), ("musique exact D, v1 ties", True)):
         ranked = _rank_v1(searcher, exact, ents, cfg, legacy_ties=legacy)
@@ -137,8 +138,7 @@ def main(args: argparse.Namespace) -> int:
     s_res = evaluate_mode(s_searcher, s_questions, "hipporag1", query_entities=s_ents)
     rows["sample searcher (derived D)"] = _recall(s_res.recall)
     s_docs, _ = read_openie(files["openie"], as_passages(files["corpus"]))
-    s_exact = v1.build_v1_graph(s_index,
-                                passage_facts=v1.passage_facts_from_openie(s_index, s_docs))
+    s_exact = v1.build_v1_graph(s_index, openie_docs=s_docs)
     s_ranked = _rank_v1(s_searcher, s_exact, s_ents, cfg, legacy_ties=False)
     s_gold = [{p.key for p in q.gold} for q in s_questions]
     rows["sample exact D"] = _recall(recall_at_k(

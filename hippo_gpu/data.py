@@ -290,15 +290,24 @@ class OpenIEDoc:
     triples: tuple[Triple, ...]  # raw (unnormalised) but well-formed triples
     error: str | None = None
     malformed: tuple[tuple[str, int], ...] = ()  # (reason, count) of the triples skipped
+    # raw occurrences of each kept triple in the file (exact repeats are kept once in `triples`);
+    # empty when every triple occurs once. HippoRAG 2 ignores repeats; legacy v1's graph counts
+    # them (retrieval/hipporag1.py reads them through `repeat_counts`)
+    raw_counts: tuple[int, ...] = ()
+
+    def repeat_counts(self) -> tuple[int, ...]:
+        """[len(triples)] raw occurrences of each kept triple (>= 1)."""
+        return self.raw_counts or (1,) * len(self.triples)
 
     @classmethod
     def from_raw(cls, entities: Any, triples: Any, error: Any = None) -> OpenIEDoc:
         """One passage's OpenIE as the file holds it (`extracted_entities`,
         `extracted_triples`, `error`), checked: well-formed triples kept once each in their
-        order, the others counted by reason in `malformed`; non-string entities and a
-        non-string error dropped. read_openie reads each doc of a file with this."""
+        order (how often each occurred in `raw_counts`), the others counted by reason in
+        `malformed`; non-string entities and a non-string error dropped. read_openie reads each doc of a file with this."""
         kept: list[Triple] = []
-        seen: set[Triple] = set()
+        seen: dict[Triple, int] = {}  # kept triple -> its position in `kept`
+        counts: list[int] = []
         bad: Counter[str] = Counter()
         for t in triples if isinstance(triples, list) else []:
             reason = _check_triple(t)
@@ -306,13 +315,17 @@ class OpenIEDoc:
                 bad[reason] += 1
                 continue
             tt = (t[0], t[1], t[2])
-            if tt not in seen:
-                seen.add(tt)
+            if tt in seen:
+                counts[seen[tt]] += 1
+            else:
+                seen[tt] = len(kept)
                 kept.append(tt)
+                counts.append(1)
         entities = entities if isinstance(entities, (list, tuple)) else []
         return cls(entities=tuple(e for e in entities if isinstance(e, str)),
                    triples=tuple(kept), error=error if isinstance(error, str) else None,
-                   malformed=tuple(sorted(bad.items())))
+                   malformed=tuple(sorted(bad.items())),
+                   raw_counts=tuple(counts) if any(c > 1 for c in counts) else ())
 
 
 def _check_triple(t: Any) -> str | None:

@@ -62,11 +62,16 @@ Relation to legacy code, and what differs (each unavoidable from an index, or ch
     that mentions both ends of a fact stated elsewhere gains it; musique_train: 821 extra pairs
     on 17,204, in 273 of 1,890 passages).
   * Fact counts: v1 counts every occurrence of a triple, including exact repeats inside one
-    passage; the index (like HippoRAG 2's filter) drops those repeats when it reads OpenIE, so
-    c differs on such pairs (musique_train: 30 repeated triples). v1 also keeps 3-element
-    triples with a blank or non-string element (str() of it), which the index drops as
-    malformed (musique_train: none; its 185 malformed triples have the wrong arity, which v1
-    drops too). Neither is recoverable from the index.
+    passage; the index (like HippoRAG 2's filter) keeps a repeated triple once, so from the
+    index alone c is lower on such pairs (musique_train: 30 repeats on 24 pairs). Given the
+    OpenIE docs (`build_v1_graph(index, openie_docs=...)`) the repeats are counted as v1 counts
+    them (`fact_repeats`). Measured on musique_train with the official run's query entities
+    (tests/retrieval/test_hipporag1_official.py): with the docs every top-10 list equals the
+    legacy run's up to ties; from the index alone recall is the same at every k but 5 of 100
+    top-10 lists order passages differently, each around a pair with a repeated triple.
+    v1 also keeps 3-element triples with a blank or non-string element (str() of it), which
+    the index drops as malformed (musique_train: none; its 185 malformed triples have the
+    wrong arity, which v1 drops too).
   * Synonyms: v1 asks an exact FAISS kNN for k = 2047; we ask k = min(2047, 103, M), which gives
     the same walk (indexing/synonyms.py). v1's walk would accept an empty-phrase neighbour (ours
     skips it), but its phrase list passes a pandas TSV round trip that reads "" and "null" as NaN,
@@ -113,6 +118,7 @@ __all__ = [
     "V1Graph",
     "build_v1_graph",
     "derived_passage_facts",
+    "fact_repeats",
     "flatten_entities",
     "link_entities",
     "passage_facts_from_openie",
@@ -133,7 +139,9 @@ class V1Graph:
         weights: "reconstructed" (W rebuilt in float64 from the index, equal to the stored
             float32 adjacency after rounding) or "stored-float32" (the index's float32 phrase
             block, used when the rebuild cannot be checked against it).
-        passage_facts: "exact" (D from per-passage facts) or "derived" (D' from incidences).
+        passage_facts: "openie" (D and v1's repeat counts from the OpenIE docs: the legacy
+            graph exactly), "exact" (D from the stored per-passage facts, repeats counted once)
+            or "derived" (D' from incidences).
         synonym_pairs: directed synonym assignments in W ("reconstructed" only, else -1).
     """
 
@@ -183,8 +191,13 @@ def _stored_synonyms(index: Index) -> SynonymEdges:
                         index.synonym_score.cpu().float().numpy())
 
 
-def _phrase_weights(index: Index) -> tuple[np.ndarray, np.ndarray, str, int]:
+def _phrase_weights(index: Index, repeats: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, str, int]:
     """W of eq. (1) as (upper-triangle keys u*M+v, float64 weights), and its source.
+
+    `repeats` (keys u*M+v, extra occurrences), from `fact_repeats`, adds to each fact pair's
+    count c the exact repeats of its triples that the index dropped on read (eq. 1 with v1's
+    counts); without it c is the index's count.
 
     The index's phrase block holds A[u, v] = S[(u, v)] + S[(v, u)] in float32, with S built
     from the fact counts and the synonym scores as v1 builds it (overwrite) or, with
@@ -238,6 +251,14 @@ def _phrase_weights(index: Index) -> tuple[np.ndarray, np.ndarray, str, int]:
         log.warning("hipporag1: rebuilt phrase weights differ from the stored adjacency; "
                     "using the stored float32 phrase weights")
         return stored
+    if repeats is not None and len(repeats[0]):
+        at = np.searchsorted(keys, repeats[0])
+        if not (np.all(at < len(keys)) and np.array_equal(keys[np.minimum(at, len(keys) - 1)],
+                                                          repeats[0]) and is_fact[at].all()):
+            raise ValueError("hipporag1: a repeated triple's phrase pair is not a fact pair "
+                             "of this index (OpenIE docs of another index?)")
+        cf = cf.copy()
+        cf[at] += repeats[1]
     w = np.where(has_f, s_f, cf) + np.where(has_b, s_b, cf)  # v1: overwrite, eq. (1)
     keep = w != 0
     return keys[keep], w[keep], "reconstructed", int(len(syn.src))
@@ -304,32 +325,59 @@ def passage_facts_from_openie(index: Index, docs: Sequence[OpenIEDoc]) -> tuple[
     return arr[:, 0], arr[:, 1]
 
 
-def build_v1_graph(index: Index, *,
-                   passage_facts: tuple[np.ndarray, np.ndarray] | None = None) -> V1Graph:
+def fact_repeats(index: Index, docs: Sequence[OpenIEDoc]) -> tuple[np.ndarray, np.ndarray]:
+    """The exact triple repeats the index dropped, as (fact pair keys u*M+v with u < v, extra
+    occurrences) per pair: v1's create_graph.py adds 1 to S[(s, o)] and S[(o, s)] for every
+    occurrence of a triple, so a triple stated k times in one passage adds k - 1 to its pair's
+    count c beyond the index's (OpenIEDoc.raw_counts). Self pairs (s = o) are loops, dropped.
+
+    Args:
+        docs: one OpenIEDoc per index passage, in passage-row order.
+    """
+    if len(docs) != len(index.passage_keys):
+        raise ValueError(f"{len(docs)} OpenIE docs for {len(index.passage_keys)} passages")
+    m = len(index.phrases)
+    row = index.row_of_phrase
+    extra: dict[int, int] = {}
+    for doc in docs:
+        for (s, _, o), k in zip(doc.triples, doc.repeat_counts()):
+            u, v = row[normalize_text(s)], row[normalize_text(o)]
+            if k > 1 and u != v:
+                key = min(u, v) * m + max(u, v)
+                extra[key] = extra.get(key, 0) + k - 1
+    keys = np.array(sorted(extra), dtype=np.int64)
+    return keys, np.array([extra[k] for k in keys.tolist()], dtype=np.float64)
+
+
+def build_v1_graph(index: Index, *, openie_docs: Sequence[OpenIEDoc] | None = None) -> V1Graph:
     """The legacy-v1 structures of `index`: W (eq. 1), B = D FP (eq. 2), specificities.
 
     Args:
-        passage_facts: exact (passage rows, fact rows) pairs, e.g. from
-            `passage_facts_from_openie`; default: the exact D from the index's stored
-            per-passage triples (`stored_passage_facts`), or D' (`derived_passage_facts`) for
-            an index that holds none.
+        openie_docs: the OpenIE docs the index was built from, one per passage in passage-row
+            order (data.read_openie with the index's corpus). With them D is exact
+            (`passage_facts_from_openie`) and W counts every exact repeat of a triple inside
+            a passage, as v1 does (`fact_repeats`): the legacy graph exactly. Without them
+            (what a Searcher has) D is the exact D of the index's stored per-passage triples
+            (`stored_passage_facts`), or D' (`derived_passage_facts`) for an index that holds
+            none, and W counts a repeated triple once.
     """
     m, p = len(index.phrases), len(index.passage_keys)
     dev = index.device
-    w_key, w_val, weights, n_syn = _phrase_weights(index)
+    repeats = None if openie_docs is None else fact_repeats(index, openie_docs)
+    w_key, w_val, weights, n_syn = _phrase_weights(index, repeats)
     u, v = w_key // max(m, 1), w_key % max(m, 1)
     adjacency = _csr64(np.concatenate([u, v]), np.concatenate([v, u]),
                        np.concatenate([w_val, w_val]), (m, m), dev)
 
-    if passage_facts is None and len(index.passage_triples) == p:
+    if openie_docs is not None:
+        pas, fac = passage_facts_from_openie(index, openie_docs)
+        source = "openie"
+    elif len(index.passage_triples) == p:
         pas, fac = stored_passage_facts(index)
         source = "exact"
-    elif passage_facts is None:
+    else:
         pas, fac = derived_passage_facts(index)
         source = "derived"
-    else:
-        pas, fac = (np.asarray(x, dtype=np.int64) for x in passage_facts)
-        source = "exact"
     pairs = np.unique(pas * max(len(index.facts), 1) + fac)  # D is binary
     pas, fac = pairs // max(len(index.facts), 1), pairs % max(len(index.facts), 1)
     fp = index.fact_phrases.cpu().numpy().reshape(-1, 2).astype(np.int64)

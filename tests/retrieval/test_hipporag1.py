@@ -91,10 +91,12 @@ def _minmax(x: np.ndarray) -> np.ndarray:
 class V1Reference:
     """Legacy v1 from the raw OpenIE docs, one query at a time (create_graph.py + hipporag.py)."""
 
-    def __init__(self, openie_docs: list[dict], index, *, derived: bool = False) -> None:
-        # per passage: clean triples; raw exact repeats inside a passage are dropped, as the index
-        # reads OpenIE (the one documented deviation from create_graph.py that this corpus hits)
-        triples = []
+    def __init__(self, openie_docs: list[dict], index, *, derived: bool = False,
+                 repeats: bool = False) -> None:
+        # per passage: clean triples. With `repeats` every occurrence counts in the graph, as in
+        # create_graph.py; without, raw exact repeats inside a passage count once, as the index
+        # keeps them (what a Searcher sees, without the OpenIE docs)
+        triples, occurrences = [], []
         for d in openie_docs:
             seen, clean = set(), []
             for t in d["extracted_triples"]:
@@ -102,6 +104,8 @@ class V1Reference:
                     seen.add(tuple(t))
                     clean.append(tuple(_norm(x) for x in t))
             triples.append(clean)
+            occurrences.append([tuple(_norm(x) for x in t) for t in d["extracted_triples"]]
+                               if repeats else clean)
         self.phrases = sorted({t[i] for ts in triples for t in ts for i in (0, 2)})
         assert self.phrases == index.phrases  # rows line up with the index's
         pid = {p: i for i, p in enumerate(self.phrases)}
@@ -110,7 +114,7 @@ class V1Reference:
         m, f, p = len(self.phrases), len(facts), len(triples)
 
         graph: dict[tuple[int, int], float] = {}  # graph_plus: ordered pair -> weight
-        for ts in triples:
+        for ts in occurrences:
             for s, _, o in ts:
                 a, b = pid[s], pid[o]
                 graph[(a, b)] = graph.get((a, b), 0.0) + 1.0
@@ -247,12 +251,29 @@ def test_tiny_graph_weights_by_hand(tiny):
     assert w[lm, lm] == 0.0  # a fact whose subject is its object: a self-loop, dropped
 
 
+def test_openie_docs_count_repeated_triples_as_v1(tiny, sample):
+    for index, _, raw, docs, _ in _cases(tiny, sample):
+        graph = v1.build_v1_graph(index, openie_docs=docs)
+        assert graph.weights == "reconstructed"
+        np.testing.assert_array_equal(graph.adjacency.to_dense().numpy(),
+                                      V1Reference(raw, index, repeats=True).w)
+    index, _, _, docs = tiny
+    row = index.row_of_phrase
+    mq, tc = row["marta quill"], row["tidal clock"]
+    # stated twice in "Quill" and once in "Tidal clock": c = 3 in v1, 2 from the index alone
+    assert v1.build_v1_graph(index, openie_docs=docs).adjacency.to_dense()[mq, tc] == 6.0
+    assert v1.build_v1_graph(index).adjacency.to_dense()[mq, tc] == 4.0
+    keys, extra = v1.fact_repeats(index, docs)
+    assert keys.tolist() == [min(mq, tc) * len(index.phrases) + max(mq, tc)]
+    assert extra.tolist() == [1.0]
+
+
 def test_exact_passage_facts_match_reference(tiny, sample):
     for index, searcher, raw, docs, ents in _cases(tiny, sample):
-        graph = v1.build_v1_graph(index, passage_facts=v1.passage_facts_from_openie(index, docs))
-        assert graph.passage_facts == "exact"
+        graph = v1.build_v1_graph(index, openie_docs=docs)
+        assert graph.passage_facts == "openie"
         got, has = functional_scores(searcher, graph, ents)
-        want = reference_scores(V1Reference(raw, index), searcher, ents)
+        want = reference_scores(V1Reference(raw, index, repeats=True), searcher, ents)
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
         assert has.tolist() == [bool(e) for e in ents]
 
