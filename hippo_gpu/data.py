@@ -304,7 +304,8 @@ class OpenIEDoc:
         """One passage's OpenIE as the file holds it (`extracted_entities`,
         `extracted_triples`, `error`), checked: well-formed triples kept once each in their
         order (how often each occurred in `raw_counts`), the others counted by reason in
-        `malformed`; non-string entities and a non-string error dropped. read_openie reads each doc of a file with this."""
+        `malformed`; non-string entities and a non-string error dropped. read_openie reads
+        each doc of a file with this."""
         kept: list[Triple] = []
         seen: dict[Triple, int] = {}  # kept triple -> its position in `kept`
         counts: list[int] = []

@@ -98,7 +98,8 @@ def test_openie_graph_reproduces_the_official_run(musique_index, musique_searche
     top10, figures, _ = official
     qs, entities = questions
     data = musique_or_skip()
-    docs, _ = read_openie(data / "openie_gpt-3.5-turbo-1106.json", as_passages(data / "corpus.json"))
+    docs, _ = read_openie(data / "openie_gpt-3.5-turbo-1106.json",
+                          as_passages(data / "corpus.json"))
     graph = v1.build_v1_graph(musique_index, openie_docs=docs)
     assert graph.weights == "reconstructed" and graph.passage_facts == "openie"
     texts, owner = v1.flatten_entities(entities)
