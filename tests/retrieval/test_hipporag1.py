@@ -1,5 +1,5 @@
 """Legacy HippoRAG 1 retrieval (hippo_gpu.retrieval.hipporag1, mode "hipporag1") against a reference
-written from ../shared/docs/hipporag_semantics.md §3.5 and the legacy code it cites, in plain
+written from the legacy code's retrieval (create_graph.py, hipporag.py), in plain
 Python/numpy with the float64 dense PPR oracle (tests/reference.py).
 
 The reference rebuilds everything from the raw OpenIE triples (normalisation, phrase list,
