@@ -1,5 +1,6 @@
 """Batched retrieval against a per-query reference written from the upstream description
-(the official HippoRAG 2 query, step by step), with plain Python/numpy and the float64 PPR oracle."""
+(the official HippoRAG 2 query, step by step), with plain Python/numpy and the float64 PPR
+oracle."""
 
 import numpy as np
 import pytest
