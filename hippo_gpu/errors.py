@@ -21,6 +21,6 @@ class DiskFullError(HippoGpuError, OSError):
     """A file could not be written because its filesystem is full (ENOSPC) or the user's quota
     is spent (EDQUOT). The message names the file; the step it belonged to (a commit, a cache
     shard, a part of a batch job) was not made, and what was there before is unchanged
-    (durable_files.disk_full makes one). An OSError, so `except OSError` keeps catching it."""
+    (storage.durable.disk_full makes one). An OSError, so `except OSError` keeps catching it."""
 
     path: str = ""  # the file whose write failed

@@ -19,7 +19,7 @@ the issue's 1M target (~6 nodes and ~60 directed CSR entries per passage):
 * Mentions: each passage mentions its ``phrases_per_passage`` own phrases plus
   ``popular_mentions`` phrases drawn from a Zipf law over all phrases (frequency ∝ rank^-zipf).
 * Fact edges: ``triples_per_passage`` (subject, object) pairs drawn among the passage's mentions;
-  A[s, o] = A[o, s] = 2·count (each orientation counted, §3.2.6 of hipporag_semantics.md).
+  A[s, o] = A[o, s] = 2·count (each orientation counted, as the official graph does).
 * Passage edges: A[p, e] = A[e, p] = 1 for each distinct phrase e the passage mentions.
 * Synonym edges: ``synonyms_per_phrase``·V/2 random phrase pairs with cosine in [0.8, 1],
   A = 2·score (mutual neighbours). Duplicates add up, as in the official multigraph.
@@ -173,7 +173,7 @@ def synthetic_reset_vectors(
     passage_node_weight: float = 0.05,
     dtype: torch.dtype = torch.float64,
 ) -> Tensor:
-    """HippoRAG-2-style reset vectors [N, Q] (hipporag_semantics.md §3.3.6).
+    """HippoRAG-2-style reset vectors [N, Q] (as the official query seeds them).
 
     Per query: two "gold" passages; ``phrase_seeds`` phrases drawn from their mentions get weight
     s_f / |passages(e)| with a fact score s_f ~ U(0.5, 1); every passage gets

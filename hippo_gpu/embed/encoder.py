@@ -83,7 +83,7 @@ def text_digest(text: str) -> bytes:
 class EmbeddingCache:
     """Append-only shards `<dir>/<encoder-hash>/shard-*.safetensors` of (md5 [n,16], emb [n,D]).
 
-    Every file is written atomically (durable_files.write_atomic), so a shard is whole or
+    Every file is written atomically (storage.durable.write_atomic), so a shard is whole or
     absent. A full disk never fails an encoding: a shard that could not be written is logged
     (once per cache) and its rows stay in memory only, so a later run encodes exactly the rows
     no shard holds.
@@ -144,8 +144,8 @@ class EmbeddingCache:
         return len(self._rows)
 
     def put(self, digests: Sequence[bytes], emb: np.ndarray) -> None:
-        """Write one shard atomically (durable_files.write_atomic); on a full disk keep its rows in
-        memory only (class docstring)."""
+        """Write one shard atomically (storage.durable.write_atomic); on a full disk keep its
+        rows in memory only (class docstring)."""
         if len(digests) == 0:
             return
         md5 = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 16)

@@ -385,7 +385,7 @@ def write_openie(
     results: dict[str, dict[str, Any]],
     errors: dict[str, str],
 ) -> None:
-    """Write the v2 OpenIE JSON atomically (durable_files.write_atomic: readers see the old
+    """Write the v2 OpenIE JSON atomically (storage.durable.write_atomic: readers see the old
     file or the new one, never a partial one)."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

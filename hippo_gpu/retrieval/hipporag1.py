@@ -2,8 +2,8 @@
 phrase graph -> passage scores.
 
 Semantics (OSU-NLP-Group/HippoRAG `legacy` branch: src/create_graph.py builds the graph,
-src/hipporag.py `build_graph`, `link_node_by_dpr`, `rank_docs` query it; summary in
-../shared/docs/hipporag_semantics.md §3.5). Shapes: M phrases, P passages, F facts, Q queries.
+src/hipporag.py `build_graph`, `link_node_by_dpr`, `rank_docs` query it). Shapes: M
+phrases, P passages, F facts, Q queries.
 
 Graph. Nodes are the M phrase rows only (v1's `np.unique` of the normalised subjects and
 objects: the index's phrase rows). create_graph.py fills a dict of ordered-pair statistics:
@@ -31,7 +31,7 @@ and linked to its single nearest phrase, e(t) = argmax_e cos(t, e) (first maximu
 ("node specificity"; 1 where |docs(e)| = 0), written by assignment, so an entity linked twice
 counts once.
 
-PPR. x[:, q] = PPR_d(W, r[:, q]) with igraph prpack semantics (ppr.py), d =
+PPR. x[:, q] = PPR_d(W, r[:, q]) with igraph prpack semantics (ppr/iteration.py), d =
 `RetrievalConfig.damping` (0.5, as v1's README runs; v1's constructor default is 0.1).
 
 Passages. With D [P, F] the binary passage-fact incidence (`docs_to_facts_mat`) and

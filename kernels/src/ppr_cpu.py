@@ -3,7 +3,7 @@
 It computes the iterates of :func:`hippo_gpu.ppr.ppr_solve`: method "chebyshev" (``omegas`` from
 :func:`hippo_gpu.ppr.chebyshev_weights`) or "power" (all ones) and stops
 each column on the same certified bound; the derivations (semi-iteration, L1 bound, top-k
-certificate) are in ppr.py's docstring. This file is only about doing it fast:
+certificate) are in hippo_gpu/ppr/iteration.py's docstring. This file is only about doing it fast:
 
 * **Column blocks solved to completion.** The Q columns are cut into blocks of W = 1, 2, 4 or 8
   SIMD vectors (8-64 float32, 4-32 float64 lanes; at most 128 bytes per gathered row while the
@@ -241,8 +241,9 @@ def _topk_min_gap(scores, k):
 
     The top-k certificate holds when this exceeds the L1 bound ε of the scores: any two rows'
     errors sum to at most ε, so then the k largest and their order are those of the exact scores
-    (ppr.py, "Certified top-k exit"). The k + 1 largest are kept sorted in a small buffer
-    (insertion; numba's sort/partition would add ~15 s of JIT compile for no gain at these sizes).
+    (ppr/certificate.py, "Certified top-k exit"). The k + 1 largest are kept sorted in a small
+    buffer (insertion; numba's sort/partition would add ~15 s of JIT compile for no gain at these
+    sizes).
     """
     t = scores.size
     m = min(k + 1, t)
@@ -315,7 +316,8 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
     """All steps of one column block [q0, q0 + width) in the flat [N, W] buffers base, y, y_prev.
 
     A column whose bound has not halved within ``stall_steps`` steps has reached the round-off
-    floor of the dtype: it stops uncertified with ``stalled`` set (ppr.py, "Round-off floor").
+    floor of the dtype: it stops uncertified with ``stalled`` set
+    (ppr/iteration.py, "Round-off floor").
     With ``data64`` (d·M in float64; empty to skip), a column's certificate is re-checked on its
     float64 residual before it is emitted, ``slack`` (residual units) covering the rounding of r̂
     and of the float64 step; a refuted column iterates on and is checked again, and after
@@ -408,7 +410,7 @@ def _solve_block(indptr, indices, data, reset, perm, target_pos, q0, width, omeg
                 if not check_topk[c]:
                     continue
                 last_gap[c] = _topk_min_gap(vals[c], top_k)
-                # res / (1 − d) bounds ‖y_k − y*‖₁, the certificate's unit (see ppr.py)
+                # res / (1 − d) bounds ‖y_k − y*‖₁, the certificate's unit (see ppr/iteration.py)
                 if last_gap[c] > (res[c] + main_slack) * inflate / one_minus_d:
                     finished[c] = True
                     certified[q0 + c] = True
@@ -531,8 +533,8 @@ def solve_blocks(
 
     A column is certified when its L1 bound met ``tol`` (or its top-k certificate held) within
     ``omegas.size`` steps. An uncertified one is either stalled (its bound stopped halving for
-    ``stall_steps`` steps: the dtype's round-off floor, see ppr.py) or ran out of steps; it
-    reports the steps it ran and its last bound.
+    ``stall_steps`` steps: the dtype's round-off floor, see ppr/iteration.py) or ran out of
+    steps; it reports the steps it ran and its last bound.
 
     Args:
         indptr, indices, data: the permuted operator d·M = d·A D⁻¹ as CSR ([N+1] int32/int64,
