@@ -347,11 +347,20 @@ def _certified_reference(z: torch.Tensor, rows: list[int] | None, k: int,
     return out
 
 
-def test_topk_certified_is_its_definition() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_certified_is_its_definition(device: str) -> None:
     """Random small columns with many exact ties and gaps exactly equal to eps (half-integer
-    values: exact differences), with and without a row subset, every k from 1 past T."""
+    values: exact differences), with and without a row subset, every k from 1 past T; and a
+    gap that float32 would round up past eps, taken in float64."""
     from hippo_gpu.ppr.certificate import topk_certified
 
+    # 1 + 2⁻²³ − 2⁻²⁶ = 1 + 0.875 ulp: below eps = 1 + 0.9 ulp, rounded to 1 + 1 ulp in float32
+    z = torch.tensor([[1.0 + 2.0 ** -23], [2.0 ** -26]], device=device)
+    eps = torch.tensor([1.0 + 0.9 * 2.0 ** -23], dtype=torch.float64, device=device)
+    got = topk_certified(z, None, 1, eps)
+    assert got.device == z.device and got.tolist() == [False]
+    got = topk_certified(z[:1], None, 1, eps)  # one row: nothing to separate
+    assert got.device == z.device and got.dtype == torch.bool and got.tolist() == [True]
     gen = torch.Generator().manual_seed(3)
     for trial in range(400):
         t, q = 1 + trial % 9, 1 + trial % 5
@@ -359,8 +368,9 @@ def test_topk_certified_is_its_definition() -> None:
         eps = [float(e) for e in torch.randint(0, 3, (q,), generator=gen) * 0.5]
         rows = None if trial % 2 else torch.randperm(t + 2, generator=gen)[:t].tolist()
         k = 1 + trial % (t + 2)
-        got = topk_certified(z, None if rows is None else torch.tensor(rows), k,
-                             torch.tensor(eps, dtype=torch.float32))
+        got = topk_certified(z.to(device), None if rows is None else
+                             torch.tensor(rows, device=device), k,
+                             torch.tensor(eps, dtype=torch.float32, device=device))
         assert got.dtype == torch.bool and got.shape == (q,)
         assert got.tolist() == _certified_reference(z, rows, k, eps), (z, rows, k, eps)
 

@@ -59,6 +59,20 @@ def test_ranks_are_exact_integers() -> None:
             assert got == [order.index(j) for j in range(len(row))]
 
 
+def test_ties_keep_row_order_in_long_rows() -> None:
+    """Rows long enough that an unstable sort does reorder ties on the CPU (from ~100
+    entries): ranks and the top-k still break every tie by the lower index."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randint(0, 3, (2, 1000), generator=gen).float()
+    ranks = ranks_of(x).tolist()
+    vals, idx = topk_stable(x, 700)
+    for r, row in enumerate(x.tolist()):
+        order = _reference_topk(row, len(row))
+        assert ranks[r] == [order.index(j) for j in range(len(row))]
+        assert idx[r].tolist() == order[:700]
+        assert vals[r].tolist() == [row[j] for j in order[:700]]
+
+
 def test_minmax_rows_is_the_formula_per_row_and_ones_for_a_flat_row() -> None:
     """(x − min) / (max − min) per row with the row's own min and max, in x's dtype; a row of
     zero range becomes ones (upstream's rule)."""
