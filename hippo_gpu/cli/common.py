@@ -49,6 +49,17 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def note_local_llm(llm: str) -> None:
+    """One line on stderr when OpenIE is about to be extracted with a bundled local model
+    (`local:NAME`, alone or in a comma-separated list): a pipeline demo whose triples are
+    often invented, never an index to rely on."""
+    local = [s.strip() for s in llm.split(",") if s.strip().startswith("local:")]
+    if local:
+        from hippo_gpu.llm.backends.llamacpp import DEMO_NOTICE
+
+        err_console.print(escape(DEMO_NOTICE.format(spec=local[0])), highlight=False)
+
+
 def ray_failure(e: BaseException) -> str:
     """A failed Ray job's message for the user: the error's first line (Ray appends the remote
     traceback), and that a rerun resumes."""

