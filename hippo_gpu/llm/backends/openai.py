@@ -20,12 +20,19 @@ At most `concurrency` requests (each with its retries and sleeps) are in flight 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hippo_gpu.llm.backends.base import Backend, ChatRequest, Completion, OnResult
+from hippo_gpu.llm.backends.base import (
+    Backend,
+    BackendUnavailable,
+    ChatRequest,
+    Completion,
+    OnResult,
+)
 
 _SCHEMA_MODES = ("json_schema", "json_object", "none")
 
@@ -69,6 +76,9 @@ class OpenAIBackend(Backend):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backoff is not None and not 0 <= backoff <= max_backoff:
             raise ValueError(f"need 0 <= backoff <= max_backoff, got {backoff}, {max_backoff}")
+        if importlib.util.find_spec("openai") is None:  # imported on first use: say it now
+            raise BackendUnavailable("the openai: backend needs the openai package (the [llm] "
+                                     "extra): pip install \"hippo-gpu[llm]\"")
         self.model = model
         self.base_url = base_url
         self.api_key = api_key or "EMPTY"
