@@ -17,7 +17,8 @@ from hippo_gpu.errors import HippoGpuError
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-LLM_HELP = "LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2"
+LLM_HELP = ("LLM: openai:MODEL@http://host:port/v1 | vllm:MODEL | local:smollm2 (a tiny "
+            "pipeline demo: its output is unreliable)")
 ENCODER_HELP = ("sentence-transformers name or path, openai:MODEL@http://host:port/v1 (an "
                 "OpenAI-compatible embeddings server: vLLM, TEI, Ollama, OpenAI; openai:MODEL "
                 "takes the URL from $OPENAI_BASE_URL, the key from $OPENAI_API_KEY), or hash:D "
