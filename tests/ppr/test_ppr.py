@@ -495,7 +495,21 @@ def test_float64_check_is_its_formula() -> None:
     assert held.dtype == torch.bool
     assert held.tolist() == [bool(b) for b in (ok & (now <= tol)).tolist()]
     assert held.tolist().count(True) == 2
-    # top_k: held also where the top-k gaps of g exceed err
+    # top_k: held also where the top-k gaps of g exceed err, over target_rows: near a fixed
+    # point (err ~ 1e-6), rows 0 and 2 of M equal, so g's rows 0 and 2 differ by base's
+    dense[2] = dense[0]
+    matrix = dense.to_sparse_csr()
+    check = Float64Check(matrix, d, omega, grow)
+    base64 = torch.rand(n, q, generator=gen, dtype=torch.float64) * 0.1
+    base64[2] = base64[0] + 0.02
+    base64[2, 1] = base64[0, 1]  # a tie in column 1
+    base64[3] = 5.0  # the largest, outside target_rows
+    base = base64.float()
+    y = torch.linalg.solve(torch.eye(n, dtype=torch.float64) - d * dense, base.double()).float()
+    g = (base.double() + d * dense @ y.double()).float()
+    g64 = base.double() + d * dense @ y.double()
+    err = ((g.double() - g64).abs().sum(0) + d / (1 - d) * (g64 - y.double()).abs().sum(0)
+           + check.slack) * grow
     rows = torch.tensor([0, 2, 5])
     gaps_ok = []
     for j in range(q):
@@ -504,3 +518,9 @@ def test_float64_check_is_its_formula() -> None:
     now = torch.zeros(q, dtype=torch.float64)
     held = check.verify(base, y, g, ok, now, 0.0, 2, rows)
     assert held.tolist() == [bool(o) and c for o, c in zip(ok.tolist(), gaps_ok)]
+    assert gaps_ok[0] and not gaps_ok[1]  # both outcomes among the asked columns
+    tol = float(now[1])  # column 1 (tied) held by its bound: the top-k test adds, never removes
+    held = check.verify(base, y, g, ok, now, tol, 2, rows)
+    assert held[1]
+    assert held.tolist() == [bool(o) and (c or b <= tol) for o, c, b in
+                             zip(ok.tolist(), gaps_ok, now.tolist())]
