@@ -291,7 +291,7 @@ for name in ("float32", "float64"):
     out[name + "_first_call_s"] = time.perf_counter() - t
 print(json.dumps(out))
 """
-    kernel = REPO / "kernels" / "ppr_cpu.py"  # loaded as a file: no hippo_gpu import timed
+    kernel = REPO / "kernels" / "src" / "ppr_cpu.py"  # loaded as a file: no hippo_gpu import timed
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache}
         done = subprocess.run([sys.executable, "-c", code, str(kernel)], env=env,

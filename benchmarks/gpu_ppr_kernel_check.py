@@ -48,8 +48,8 @@ def _import_ppr_modules():
         pkg.__path__ = [str(REPO / "hippo_gpu")]
         sys.modules["hippo_gpu"] = pkg
         spec = importlib.util.spec_from_file_location(
-            "hippo_gpu.kernels", REPO / "kernels" / "__init__.py",
-            submodule_search_locations=[str(REPO / "kernels")],
+            "hippo_gpu.kernels", REPO / "kernels" / "src" / "__init__.py",
+            submodule_search_locations=[str(REPO / "kernels" / "src")],
         )
         kernels = importlib.util.module_from_spec(spec)
         sys.modules["hippo_gpu.kernels"] = kernels
