@@ -11,11 +11,12 @@
 #
 # Carry (ignored paths; tests/benchmarks/test_gpu_check.py checks the size):
 #   .gpu_carry/musique_train/   corpus.json, questions.json, openie_*.json (about 5.3 MiB)
-#   .gpu_carry/wheels/*.whl     optional: python-igraph + texttable for the prpack rows, and any
-#                               of scipy / safetensors / pytest the image lacks (each logged)
+#   .gpu_carry/wheels/*.whl     what the image lacks (env.log lists it): hippo_gpu needs scipy,
+#                               safetensors, tqdm; the tests pytest (+ pluggy, iniconfig,
+#                               packaging); the prpack rows python-igraph + texttable
 # Results come back under $OUT (default ./gpu_out): summary.txt, NAME.log per step, *.jsonl.
-# Each step has a time limit (the *_LIMIT values below: 460 s in all with setup); a timeout is a
-# FAIL. Exit status: 1 if a step FAILed, else 0 when at least one step PASSed, else 2.
+# Each step has a time limit (the *_LIMIT values below: 480 s in all with the set-up); a timeout
+# is a FAIL. Exit status: 1 if a step FAILed, else 0 when at least one step PASSed, else 2.
 set -uo pipefail
 
 DEVICE=cuda
@@ -45,7 +46,7 @@ export PYTHONPATH="$REPO:$REPO/benchmarks/kernel_path${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 THREADS="$(nproc 2>/dev/null || echo 8)"
 SUMMARY="$OUT/summary.txt"
-: >"$SUMMARY"
+[ "$PRINT" = 1 ] || : >"$SUMMARY"
 N_PASS=0; N_FAIL=0; N_SKIP=0
 STARTED=$(date +%s)
 
@@ -55,8 +56,8 @@ if [ "$DEVICE" = cpu ]; then
 else
     P100K=100000; P1M=1000000; QUESTIONS=0; PPR_QUERIES=64; TEST_K="cuda"
 fi
-ENV_LIMIT=30; TESTS_LIMIT=75; PARITY_LIMIT=100; PPR100K_LIMIT=50; PPR1M_LIMIT=80
-SCALE100K_LIMIT=110
+WHEELS_LIMIT=40; ENV_LIMIT=30; TESTS_LIMIT=75; PARITY_LIMIT=100; PPR100K_LIMIT=50; PPR1M_LIMIT=80
+SCALE100K_LIMIT=105  # with the set-up: 480 s in all
 SCALE1M_LIMIT=470  # opt-in, a run of its own: --steps scale_1m (the 1M build alone takes minutes)
 SYN_LIMIT=90  # opt-in: --steps synonym_floor (a commit's exact synonym update, 85k-8.55M phrases)
 
@@ -80,7 +81,7 @@ PPR1M_CMD=(python3 -m benchmarks.bench_ppr --graph synthetic --passages "$P1M"
     --results "$OUT/bench_ppr.jsonl")
 SCALE100K_CMD=(python3 -m benchmarks.bench_scale --passages "$P100K" --threads "$THREADS"
     --device "$DEVICE" --batches 1,32 --modes hipporag2 --repeats 2 --prpack-queries 8
-    --timeout 100 --work-dir /tmp/hippo_gpu_check_scale --allow-dirty
+    --timeout 95 --work-dir /tmp/hippo_gpu_check_scale --allow-dirty
     --results "$OUT/bench_scale.jsonl" --plot "$OUT/bench_scale.png")
 SCALE1M_CMD=(python3 -m benchmarks.bench_scale --passages "$P1M" --threads "$THREADS"
     --device "$DEVICE" --batches 1,32 --modes hipporag2 --repeats 2 --prpack-queries 0
@@ -154,17 +155,21 @@ ppr_quality() {  # ppr_quality LOG: why a bench_ppr table fails (hippo_gpu top-1
 
 # ---- setup: carried wheels (optional), then the environment (logged, no check) ------------------
 if compgen -G "$CARRY/wheels/*.whl" >/dev/null; then
-    run_logged wheels 20 python3 -m pip install -q --no-index --no-deps --no-compile \
-        --no-cache-dir --target /tmp/hippo_gpu_site "$CARRY"/wheels/*.whl
-    export PYTHONPATH="$PYTHONPATH:/tmp/hippo_gpu_site"
+    # one wheel at a time: a wheel for another Python is logged and the others still install
+    run_logged wheels "$WHEELS_LIMIT" bash -c 'for w in "$0"/*.whl; do
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --disable-pip-version-check --target /tmp/hippo_gpu_site "$w" \
+            || echo "not installed: $(basename "$w")"; done' "$CARRY/wheels"
+    # appended after site-packages by kernel_path/sitecustomize.py: the image's packages win
+    export HIPPO_GPU_CHECK_SITE=/tmp/hippo_gpu_site
     [ "$RC" = 0 ] || echo "wheels: install failed (exit $RC), see wheels.log"
 fi
 run_logged env "$ENV_LIMIT" python3 -c "
 import importlib.util, torch
 print('torch', torch.__version__, 'cuda', torch.version.cuda,
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')
-print('missing:', [m for m in ('numpy', 'scipy', 'safetensors', 'numba', 'triton', 'pytest',
-                               'igraph', 'faiss') if importlib.util.find_spec(m) is None])
+print('missing:', [m for m in ('numpy', 'scipy', 'safetensors', 'tqdm', 'numba', 'triton',
+                               'pytest', 'igraph', 'faiss') if importlib.util.find_spec(m) is None])
 import hippo_gpu.kernels as k
 print('hippo_gpu.kernels from', k.__file__, 'AVAILABLE', k.AVAILABLE)
 print(f'cuda_available={int(torch.cuda.is_available())}')"
@@ -216,7 +221,7 @@ else
     fi
 fi
 
-# ---- summary ---------------------------------------------------------------------------------------
+# ---- summary -------------------------------------------------------------------------------------
 if [ "$N_FAIL" -gt 0 ]; then RESULT=FAIL; STATUS=1
 elif [ "$N_PASS" -eq 0 ]; then RESULT=SKIP; STATUS=2
 else RESULT=PASS; STATUS=0; fi

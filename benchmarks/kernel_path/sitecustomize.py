@@ -10,6 +10,7 @@ sys.meta_path: where an install maps the package already, the install wins and t
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
@@ -36,3 +37,7 @@ class KernelsFinder(MetaPathFinder):
 
 if _SRC.is_dir():
     sys.meta_path.append(KernelsFinder())
+# the carried wheels gpu_check.sh installed: after site-packages, so what the image has wins
+_SITE = os.environ.get("HIPPO_GPU_CHECK_SITE")
+if _SITE and _SITE not in sys.path:
+    sys.path.append(_SITE)
