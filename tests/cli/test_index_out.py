@@ -22,8 +22,8 @@ from hippo_gpu import build_index, load_index
 from hippo_gpu.cli import app
 from hippo_gpu.sample import paths
 from hippo_gpu.storage.directory import holder_of, read_manifest, writer_lock
-from tests.cli.test_lazy_imports import _run_app
-from tests.serve.test_holder import serve_cli
+from tests.cli.helpers import run_app
+from tests.serve.helpers import serve_cli
 
 runner = CliRunner()
 REFUSAL_SECONDS = 1.0  # from the CLI call to its exit, in this process (torch already loaded)
@@ -96,7 +96,7 @@ def test_a_refusal_loads_nothing_in_a_fresh_interpreter(index_dir: Path) -> None
     """The refusal comes before any import of the build: a fresh `hippo-gpu index` loads neither
     torch nor numpy, and its whole process (interpreter start included) is quick."""
     started = time.perf_counter()
-    got = _run_app(*_args(index_dir))
+    got = run_app(*_args(index_dir))
     took = time.perf_counter() - started
     assert got == {"exit": 2, "loaded": []}
     assert took < 20, took  # generous: a loaded CI machine; the build alone takes longer

@@ -4,8 +4,6 @@ commands import their heavy modules inside themselves, hippo_gpu.__init__ on fir
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,30 +13,9 @@ import typer
 
 import hippo_gpu
 from hippo_gpu.cli import app
+from tests.cli.helpers import ROOT, run_app
 
-ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "numpy")
-# runs the app as `hippo-gpu ARGS` would, then prints its exit status and the heavy modules
-# that are loaded
-RUN_APP = f"""
-import json, sys
-from hippo_gpu.cli import app
-try:
-    app(sys.argv[1:], prog_name="hippo-gpu")
-except SystemExit as e:
-    code = e.code
-else:
-    code = 0
-print(json.dumps({{"exit": code, "loaded": [m for m in {HEAVY!r} if m in sys.modules]}}))
-"""
 COMMANDS = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
-
-
-def _run_app(*args: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", RUN_APP, *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_every_command_is_checked() -> None:
@@ -48,13 +25,13 @@ def test_every_command_is_checked() -> None:
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help_imports_no_torch(command: str | None) -> None:
-    got = _run_app(*([command] if command else []), "--help")
+    got = run_app(*([command] if command else []), "--help")
     assert got == {"exit": 0, "loaded": []}, f"hippo-gpu {command or ''} --help: {got}"
 
 
 def test_stats_imports_no_torch(sample_index_dir: Path) -> None:
     for args in ([], ["--json"]):
-        got = _run_app("stats", str(sample_index_dir), *args)
+        got = run_app("stats", str(sample_index_dir), *args)
         assert got == {"exit": 0, "loaded": []}, got
 
 

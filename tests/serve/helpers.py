@@ -4,12 +4,18 @@ the offline reference rankings, and the checks served answers must pass."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -113,3 +119,35 @@ def entity_variants(queries: list[str]) -> list[list[list[str]] | None]:
         borrowed,  # another query's entities: a different entity ranking
         [[e.lower() for e in ents] + ["alzheimer"] for ents in spans],  # linked by cosine
     ]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def serve_cli(index_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`hippo-gpu serve --index DIR ARGS` in a subprocess on a free 127.0.0.1 port, once ready:
+    its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           **(env or {})}
+    cmd = [sys.executable, "-m", "hippo_gpu.cli", "serve", "--index", str(index_dir),
+           "--port", str(port), "--device", "cpu", "--threads", "1", "--no-warmup", "--no-mcp",
+           "--no-ui", "--log-level", "warning", *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

@@ -6,14 +6,8 @@ version."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,39 +19,10 @@ from hippo_gpu.cli import app
 from hippo_gpu.sample import paths
 from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.server import ServerConfig
-from tests.serve.helpers import serving
+from tests.serve.helpers import serve_cli, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLLOWED_WITHIN = 2.0  # seconds from the insert's exit to an answer from the new version
-
-
-@contextmanager
-def serve_cli(index_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`hippo-gpu serve --index DIR ARGS` in a subprocess on a free 127.0.0.1 port, once ready:
-    its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           **(env or {})}
-    cmd = [sys.executable, "-m", "hippo_gpu.cli", "serve", "--index", str(index_dir),
-           "--port", str(port), "--device", "cpu", "--threads", "1", "--no-warmup", "--no-mcp",
-           "--no-ui", "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
 
 
 @pytest.fixture(scope="module")
