@@ -19,7 +19,7 @@ from hippo_gpu.data import Passage
 from hippo_gpu.embed import Encoder
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.searcher import Searcher
-from hippo_gpu.storage.directory import MANIFEST, WRITER_LOCK
+from hippo_gpu.storage.directory import MANIFEST, SERVER_LOCK, WRITER_LOCK
 from tests.helpers import assert_basis_close, transition_gap
 
 MODES = ("dense", "hipporag2", "hybrid")
@@ -161,10 +161,10 @@ def manifest_version(index_dir: Path) -> int:
 
 
 def leftovers(index_dir: Path) -> list[str]:
-    """Entries other than the manifest, the lock file and the current version's base and
-    segments."""
+    """Entries other than the manifest, the lock files (the writer's, and a writable server's
+    claim) and the current version's base and segments."""
     manifest = json.loads((index_dir / MANIFEST).read_text())
     named = {manifest.get("base", f"v{manifest['version']:06d}"),
              *(seg["name"] for seg in manifest.get("segments", []))}
     return sorted(p.name for p in index_dir.iterdir()
-                  if p.name not in (MANIFEST, WRITER_LOCK, *named))
+                  if p.name not in (MANIFEST, WRITER_LOCK, SERVER_LOCK, *named))
