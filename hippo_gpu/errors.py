@@ -10,7 +10,12 @@ This module imports nothing, so every layer may use it.
 
 from __future__ import annotations
 
-__all__ = ["DiskFullError", "HippoGpuError"]
+__all__ = ["BLANK", "DiskFullError", "HippoGpuError"]
+
+# What every surface says of an empty or whitespace-only query or entity, after naming it
+# (Python: "queries[0] is blank"; HTTP: this message at the field's location in the 422; MCP and
+# the command line: "query is blank", "the question is blank").
+BLANK = "is blank"
 
 
 class HippoGpuError(Exception):

@@ -67,8 +67,8 @@ def _show(idx: Index, top_k: int, n: int) -> None:
     total = sum(len(g) for g in gold)
     entities = heuristic_entities(texts)
     no_entity = [not e for e in entities]
-    console.print("hipporag1 needs query entities; the sample has no NER file, so they are the "
-                  "capitalised spans of each question "
+    console.print("hipporag1 seeds from query entities; the sample has no NER file, so they are "
+                  "the capitalised spans of each question "
                  "(hippo_gpu.retrieval.entities.heuristic_entities): "
                   + "; ".join(f"Q{i + 1} {e or 'none'}" for i, e in enumerate(entities)))
 

@@ -22,6 +22,7 @@ from hippo_gpu.cli.common import (
     LLM_HELP,
     QUERY_ENCODER_HELP,
     console,
+    err_console,
     fail,
     ray_failure,
     setup,
@@ -35,6 +36,7 @@ from hippo_gpu.cli.reasoning import (
     make_reasoner,
 )
 from hippo_gpu.config import MODES
+from hippo_gpu.errors import BLANK
 
 STDIN = Path("-")  # --queries -
 
@@ -256,6 +258,9 @@ def query(
     question: str = typer.Argument(..., help="the question"),
     mode: str = typer.Option("hipporag2", help=f"one of {MODES}"),
     top_k: int = typer.Option(5, min=1, help="passages to show"),
+    entities: str | None = typer.Option(
+        None, "--entities", help="hipporag1, hybrid: the question's named entities, "
+                                 "comma-separated (default: its capitalised spans)"),
     explain: bool = typer.Option(False, "--explain",
                                  help="split each hit's score into one term per seed phrase "
                                       "and one for the dense prior (Searcher.explain)"),
@@ -270,7 +275,7 @@ def query(
     if mode not in MODES:
         fail(f"unknown mode {mode!r}; choose from {MODES}")
     if not question.strip():
-        fail("the question is empty")
+        fail(f"the question {BLANK}")
     from hippo_gpu.retrieval.spec import SearcherSpec
     from hippo_gpu.storage.directory import is_index_dir
 
@@ -283,27 +288,45 @@ def query(
     except (FileNotFoundError, ValueError) as e:
         fail(str(e))
     texts = searcher.index.passage_texts
+    given = None if entities is None else \
+        [[e.strip() for e in entities.split(",") if e.strip()]]
     if explain:
-        _show_explained(searcher, index, question, mode, top_k, as_json)
+        _show_explained(searcher, index, question, mode, top_k, as_json, given)
         return
-    ranking = searcher.rank([question], top_k=top_k, mode=mode)
+    ranking = searcher.rank([question], top_k=top_k, mode=mode, query_entities=given)
     if ranking.failed:
         fail(f"the query has no answer: {ranking.failed[0]}")
     hits = searcher.to_hits(ranking)[0]
     version = searcher.index.version
+    used = None if ranking.entities is None else ranking.entities[0]
     if as_json:
         print(json.dumps({"index": str(index), "version": version, "mode": mode,
-                          "question": question,
+                          "question": question, **({} if used is None else {"entities": used}),
                           "hits": [_hit_json(h, texts) for h in hits]}, ensure_ascii=False))
         return
     table = _hit_table(f"{index} (version {version}), {mode}: {question}")
     for h in hits:
         table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.title, _short(texts[h.row]))
     console.print(table)
+    _say_entities(mode, used)
+
+
+def _say_entities(mode: str, used: list[str] | None) -> None:
+    """The entities a hipporag1 or hybrid answer linked, and what none of them means."""
+    if used is None:
+        return
+    if used:
+        console.print("entities: " + ", ".join(used), markup=False, highlight=False)
+    elif mode == "hipporag1":
+        err_console.print("no entity in the question (no capitalised span): hipporag1 scored "
+                          "every passage alike; give them with --entities", markup=False)
+    else:
+        err_console.print("no entity in the question (no capitalised span): hybrid fused no "
+                          "entity ranking", markup=False)
 
 
 def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, top_k: int,
-                    as_json: bool) -> None:
+                    as_json: bool, entities: list[list[str]] | None) -> None:
     """`query --explain`: the hits with their scores split (one term per seed phrase, the
     dense prior, hipporag1's shift), as a table or JSON (explanation_dict)."""
     from hippo_gpu.retrieval.explanation import explanation_dict
@@ -311,7 +334,7 @@ def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, t
 
     index = searcher.index
     try:
-        ex = searcher.explain([question], top_k=top_k, mode=mode)[0]
+        ex = searcher.explain([question], top_k=top_k, mode=mode, query_entities=entities)[0]
     except QueryFailure as e:
         fail(f"the query has no answer: {e.failures[0]}")
     if as_json:
@@ -341,6 +364,7 @@ def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, t
                       + f"; dense prior {ex.dense_share:.0%}", markup=False, highlight=False)
     elif ex.dense_answer:
         console.print("no fact was kept: the dense ranking answered", markup=False)
+    _say_entities(mode, None if ex.entities is None else list(ex.entities))
 
 
 def _hit_table(title: str) -> Table:

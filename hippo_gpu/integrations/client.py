@@ -106,8 +106,9 @@ class PassageClient:
         """Top-k passages for each query, best first, from one batched retrieval (with
         `ircot_steps`: the merged IRCoT list, one batched retrieval per step).
 
-        `mode` is one of hippo_gpu.config.MODES except "hipporag1", which needs query entities
-        that these retrievers do not take.
+        `mode` is one of hippo_gpu.config.MODES; hipporag1 and hybrid link the capitalised
+        spans of each query (the LLM-free extractor, hippo_gpu.retrieval.entities), as every
+        surface does without given entities.
         """
         queries = _check(queries, k, mode, ircot_steps)
         if not queries:
@@ -170,10 +171,6 @@ def check_mode(mode: str) -> None:
     """Raise ValueError unless `mode` is a retrieval mode these retrievers can run."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "hipporag1":
-        raise ValueError("mode 'hipporag1' needs query entities, which these retrievers do not "
-                         "take: use 'hybrid' (capitalised spans of the query), or "
-                         "Searcher.retrieve(..., query_entities=...) directly")
 
 
 def check_ircot_steps(steps: int | None) -> None:

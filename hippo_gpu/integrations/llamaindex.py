@@ -44,7 +44,8 @@ class HippoRetriever(BaseRetriever):
         url: base URL of a server, e.g. "http://127.0.0.1:8000" (URL mode).
         token: bearer token of the server (URL mode).
         k: passages returned per query.
-        mode: "hipporag2", "dense" or "hybrid" ("hipporag1" needs query entities, not taken here).
+        mode: one of hippo_gpu.config.MODES (hipporag1 and hybrid link the capitalised
+            spans of the query).
         timeout: seconds per HTTP request (URL mode).
         max_queries_per_request: most queries per HTTP request (URL mode; server default 64).
         ircot_steps: None (one retrieval), or IRCoT with this many steps per query.

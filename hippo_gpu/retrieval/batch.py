@@ -46,6 +46,7 @@ from typing import Any
 
 from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
+from hippo_gpu.errors import BLANK
 from hippo_gpu.progress import progress
 from hippo_gpu.retrieval.explanation import QueryExplanation
 from hippo_gpu.retrieval.ircot import IRCoTOptions, IRCoTResult, ircot_retrieve
@@ -96,8 +97,10 @@ def check_row(raw: Any) -> tuple[str | int, str, tuple[str, ...] | None]:
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise DataFormatError("'id' must be a string or an integer, got "
                               + ("nothing" if rid is None else type(rid).__name__))
-    if not isinstance(query, str) or not query.strip():
-        raise DataFormatError("'query' must be a non-empty string")
+    if not isinstance(query, str):
+        raise DataFormatError("'query' must be a string")
+    if not query.strip():
+        raise DataFormatError(f"'query' {BLANK}")
     if ents is not None and (not isinstance(ents, list)
                              or not all(isinstance(e, str) for e in ents)):
         raise DataFormatError("'entities' must be a list of strings")

@@ -109,17 +109,12 @@ class EntityRanker:
             self._incidences[dtype] = inc
         return inc
 
-    def rank_hipporag1(self, call: RankCall,
-                       query_entities: Sequence[Sequence[str]] | None) -> Ranking:
+    def rank_hipporag1(self, call: RankCall, query_entities: Sequence[Sequence[str]]) -> Ranking:
         """Legacy HippoRAG 1 ranking (hippo_gpu.retrieval.hipporag1, eqs. 1-2): entities -> nearest
         phrase by the index encoder's cosine -> specificity-weighted PPR on the v1 phrase graph
         -> minmax(D FP x). A query without entities gets uniform scores 1/P (row order), as v1
-        does; dense_fallback is False for every query (no dense ranking is used)."""
-        if query_entities is None:
-            raise ValueError(
-                "mode 'hipporag1' needs the named entities of each query: pass query_entities "
-                "(from an LLM via hippo_gpu.llm.ner.QueryNER, or a HippoRAG "
-                "*_queries.named_entity_output.tsv via hippo_gpu.llm.ner.read_query_ner_tsv)")
+        does; dense_fallback is False for every query (no dense ranking is used). The Searcher
+        supplies the entities (the caller's or the LLM-free extractor's)."""
         queries, cfg, clock, plan = call.queries, call.cfg, call.clock, call.plan
         check_entities(queries, query_entities)
         index, dev = self.index, self.index.device

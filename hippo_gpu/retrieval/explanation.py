@@ -144,6 +144,8 @@ class QueryExplanation:
     dense_share: float  # the dense prior's share of the PPR mass (1 − Σ seed shares)
     dense_answer: bool
     phrases: tuple[PhraseInfo, ...]  # every phrase named above
+    # hipporag1 and hybrid: the entities linked (Ranking.entities); None in the other modes
+    entities: tuple[str, ...] | None = None
 
     @property
     def bound(self) -> float:
@@ -187,6 +189,7 @@ def explanation_dict(e: QueryExplanation, passage_keys: Sequence[str],
 
     return {
         "query": e.query, "mode": e.mode, "dense_answer": e.dense_answer,
+        "entities": None if e.entities is None else list(e.entities),
         "bound": _num(e.bound), "dense_share": _num(e.dense_share),
         "seeds": [{"phrase": s.phrase, "node": s.node, "weight": _num(s.weight),
                    "share": _num(s.share), "facts": [fact(f) for f in s.facts],

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from hippo_gpu.config import ENTITY_MODES, MODES, RetrievalConfig
-from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.retrieval.results import FactFilter, Hit
 from hippo_gpu.retrieval.searcher import Searcher
 
@@ -296,15 +295,13 @@ def ircot_retrieve(
     Args:
         searcher, mode, config, fact_filter: as for `Searcher.rank` (every step).
         questions, reason, max_steps, top_k: as for `run_ircot`.
-        query_entities: the questions' entities (hipporag1 needs them, hybrid uses them).
-        thought_entities: entities of thoughts for hipporag1 and hybrid (default: hipporag1
-            capitalised spans, hippo_gpu.retrieval.entities; hybrid its own default, the same
-            spans).
+        query_entities: the questions' entities for hipporag1 and hybrid (default: the
+            Searcher's, the LLM-free extractor's capitalised spans).
+        thought_entities: entities of thoughts for hipporag1 and hybrid (default: the same
+            spans, the Searcher's default).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    if mode == "hipporag1" and thought_entities is None:
-        thought_entities = heuristic_entities
     index = searcher.index
 
     def retrieve(texts: list[str], step: int) -> list[Retrieved]:

@@ -67,6 +67,11 @@ class Ranking:
     filter_outcome: FilterResult | None = None
     ppr: PPRReport | None = None  # the PPR certificates behind each query (None: no PPR ran)
     fact_table: Sequence[Triple] = ()  # the index's facts, which seed_facts' rows index
+    # hipporag1 and hybrid: per query, the entities its entity ranking linked: the caller's, or
+    # when none were given the LLM-free extractor's (hippo_gpu.retrieval.entities). An empty
+    # list: none, so hipporag1 scored every passage 1/P and hybrid fused no entity ranking.
+    # None in the modes that link no entity.
+    entities: list[list[str]] | None = None
 
     @property
     def seeds(self) -> list[list[SeedTriple]]:

@@ -29,7 +29,7 @@ Modes:
                sharp softmax passage prior instead of 0.05 x min-max, then reciprocal-rank
                fusion of the PPR, dense and entity rankings
     hipporag1  HippoRAG 1: query entities -> nearest phrase -> specificity-weighted PPR on the
-               phrase graph -> passage scores (needs query entities)
+               phrase graph -> passage scores (query entities: given, else capitalised spans)
 
 `explain` answers like `retrieve` and splits each hit's score exactly into one term per seed
 and one for the dense prior (hippo_gpu.retrieval.explain), from the inputs `rank` records for it.
@@ -46,6 +46,7 @@ from torch import Tensor
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.device import set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
+from hippo_gpu.errors import BLANK
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
@@ -56,7 +57,7 @@ from hippo_gpu.retrieval.entity_ranker import EntityRanker, check_entities
 from hippo_gpu.retrieval.explain import Capture, explain_ranking
 from hippo_gpu.retrieval.explanation import QueryExplanation
 from hippo_gpu.retrieval.hybrid import hybrid_fusion
-from hippo_gpu.retrieval.modes import mode_of
+from hippo_gpu.retrieval.modes import Mode, mode_of
 from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
 from hippo_gpu.retrieval.query_encoder import QueryEncoder
@@ -83,7 +84,22 @@ def _check_queries(queries: Sequence[str]) -> list[str]:
     for i, q in enumerate(out):
         if not isinstance(q, str):
             raise TypeError(f"queries[{i}] is {type(q).__name__}, expected str")
+        if not q.strip():
+            raise ValueError(f"queries[{i}] {BLANK}")
     return out
+
+
+def entities_for(mode: Mode, cfg: RetrievalConfig, queries: list[str],
+                 query_entities: Sequence[Sequence[str]] | None) -> list[list[str]] | None:
+    """The entities each query's entity ranking links: the caller's, else the LLM-free
+    extractor's (capitalised spans, hippo_gpu.retrieval.entities); None in a mode that links
+    none (dense, hipporag2, hybrid with its entity weight at 0)."""
+    if mode.linking != "entities" and not mode.links_entities(cfg):
+        return None
+    if query_entities is None:
+        return heuristic_entities(queries)
+    check_entities(queries, query_entities)
+    return [list(e) for e in query_entities]
 
 
 def _kept_mask(outcome: FilterResult, shape: torch.Size, limit: int) -> Tensor:
@@ -224,7 +240,11 @@ class Searcher:
             config: retrieval settings (default: the searcher's `config`).
             fact_filter: hipporag2/hybrid only: recognition-memory filter over candidate facts
                 (default: keep the top linking_top_k facts, i.e. no filter).
-            query_entities: hipporag1 only: named entities of each query.
+            query_entities: hipporag1 and hybrid: the named entities of each query (one list
+                per query; an empty list: none). Not given: the LLM-free extractor's
+                capitalised spans (hippo_gpu.retrieval.entities); `rank` returns the entities
+                used (`Ranking.entities`). A query with no entity scores every passage 1/P in
+                hipporag1 and gets no entity ranking in hybrid.
 
         Raises:
             QueryFailure: some queries' PPR could not be certified (``max_iter`` ran out while
@@ -258,7 +278,10 @@ class Searcher:
                             query_entities=query_entities, capture=capture)
         hits = self.to_hits(ranking)
         out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode_of(mode),
-                              cfg, top_k, query_entities, self._explain_solver)
+                              cfg, top_k, ranking.entities, self._explain_solver)
+        if ranking.entities is not None:
+            out = [replace(e, entities=tuple(ents)) for e, ents in zip(out, ranking.entities,
+                                                                         strict=True)]
         if ranking.failed:
             raise QueryFailure(ranking.failed, hits, explanations=out)
         return out
@@ -306,26 +329,31 @@ class Searcher:
         how = mode_of(mode)
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
+        entities = entities_for(how, cfg, queries, query_entities)
         set_threads()  # a server's worker thread computes as the process's count says
         q = len(queries)
         if q == 0 or len(index.passage_keys) == 0:
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
-            return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool))
-        entities = 0
-        if how.linking == "entities" and query_entities is not None:
-            entities = sum(len(e) for e in query_entities)
+            return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool),
+                           entities=entities)
+        linked = sum(len(e) for e in entities) if how.linking == "entities" and entities else 0
         call = RankCall(queries, top_k, how, cfg,
-                        plan_chunks(index, q, cfg, num_entities=entities),
+                        plan_chunks(index, q, cfg, num_entities=linked),
                         Clock(index.device, sync=self.options.profile),
                         capture or Capture(record=False))
         if how.linking == "entities":
-            return self.entities.rank_hipporag1(call, query_entities)
-        e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
-        call.clock.lap("encode")
-        call.capture.e_pass = e_pass if call.capture.record else None
-        if how.linking == "none" or len(index.facts) == 0:  # no facts: upstream answers dense
-            return self._rank_dense(call, e_pass)
-        return self._rank_graph(call, e_pass, e_fact, fact_filter, query_entities)
+            assert entities is not None  # entities_for resolves them in this mode
+            ranking = self.entities.rank_hipporag1(call, entities)
+        else:
+            e_pass, e_fact = self.encode_queries(queries, query_emb)  # [Q, D] each
+            call.clock.lap("encode")
+            call.capture.e_pass = e_pass if call.capture.record else None
+            if how.linking == "none" or len(index.facts) == 0:  # no facts: upstream answers dense
+                ranking = self._rank_dense(call, e_pass)
+            else:
+                ranking = self._rank_graph(call, e_pass, e_fact, fact_filter, entities)
+        ranking.entities = entities
+        return ranking
 
     def _rank_dense(self, call: RankCall, e_pass: Tensor) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
@@ -364,10 +392,7 @@ class Searcher:
         cand_scores, cand_rows, kept, outcome = self._candidate_facts(call, e_fact, fact_filter)
         fallback = ~kept.any(dim=1)  # [Q] nothing left: dense ranking (upstream)
         linked = None  # hybrid: every entity of the batch linked once, ranked per chunk below
-        if mode.links_entities(cfg):
-            if query_entities is None:
-                query_entities = heuristic_entities(call.queries)
-            check_entities(call.queries, query_entities)
+        if query_entities is not None:  # hybrid's entity ranking (entities_for resolved them)
             linked = self.entities.link(query_entities, cfg)
             clock.lap("entities")
         report = PPRReport.empty(q)

@@ -97,6 +97,9 @@ class QueryExplanationBody(BaseModel):
     query: str
     mode: str
     dense_answer: bool = Field(description="answered by the dense ranking: one dense term")
+    entities: list[str] | None = Field(default=None, description=(
+        "hipporag1 and hybrid: the entities linked (the request's, or the capitalised spans of "
+        "the query); empty: none, so hipporag1 scored every passage alike; null in other modes"))
     bound: float | None = Field(description="the largest bound of a hit")
     dense_share: float = Field(description="the dense prior's share of the PPR mass")
     seeds: list[ExplainSeed]

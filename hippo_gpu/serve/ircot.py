@@ -9,8 +9,8 @@ key, share batched `Searcher` calls; a query's ranking does not depend on its ba
 query gets what `hippo_gpu.retrieval.ircot.ircot_retrieve` gives it offline with the same thoughts.
 
 The question's own retrieval uses the request's entities and return_seeds (the seeds returned
-are its own); a thought's retrieval uses none (hybrid: the capitalised spans of the thought;
-hipporag1: the same spans, given as its entities). A write that commits during a request may
+are its own); a thought's retrieval uses none (hipporag1 and hybrid: the LLM-free extractor's
+capitalised spans of the thought, the Searcher's default). A write that commits during a request may
 switch the index version between its steps: the batcher answers each step from the current
 version, and the answers name a version only when every step of the request read that one
 (else None: the response's "version" is then null).
@@ -22,7 +22,6 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.retrieval.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
 from hippo_gpu.retrieval.results import Hit
 from hippo_gpu.serve.service import Answer, RetrievalService, answered_version
@@ -43,8 +42,7 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
     step_answers: list[Answer] = []  # every step's, for the version they name
 
     def retrieve(batch: list[str], step: int) -> list[Retrieved]:
-        ents = entities if step == 0 else \
-            heuristic_entities(batch) if mode == "hipporag1" else None
+        ents = entities if step == 0 else None
         answers = asyncio.run_coroutine_threadsafe(service.retrieve(
             batch, top_k=top_k, mode=mode, entities=ents, return_seeds=return_seeds and step == 0,
             index=index, transport=transport), loop).result()

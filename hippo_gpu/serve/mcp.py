@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp
 
 from hippo_gpu.config import MODES
+from hippo_gpu.errors import BLANK
 from hippo_gpu.retrieval.ircot import IRCoTResult, ThoughtSource
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
@@ -84,6 +85,9 @@ class RetrieveOut(BaseModel):
         "committed between its steps, or for an index never saved)"))
     mode: str
     hits: list[HitOut] = Field(description="best first")
+    entities: list[str] | None = Field(default=None, description=(
+        "hipporag1 and hybrid: the entities linked (the call's, or the capitalised spans of the "
+        "question); empty: none, so hipporag1 scored every passage alike; null in other modes"))
 
 
 class IRCoTOut(RetrieveOut):
@@ -139,16 +143,18 @@ class _ArgTypes(NamedTuple):
 
 def _arg_types(limits: QueryLimits, names: list[str], default: str,
                max_ircot_steps: int) -> _ArgTypes:
-    entity = Annotated[str, Field(min_length=1, max_length=limits.max_entity_chars)]
+    # blank text (empty included) is refused by _check_arguments, as on every surface
+    entity = Annotated[str, Field(max_length=limits.max_entity_chars)]
     return _ArgTypes(
-        query=Annotated[str, Field(min_length=1, max_length=limits.max_query_chars,
+        query=Annotated[str, Field(max_length=limits.max_query_chars,
                                    description="the question")],
         top_k=Annotated[int, Field(ge=1, le=limits.max_top_k, description="passages to return")],
         entities=Annotated[
             list[entity] | None,
             Field(max_length=limits.max_entities_per_query,
-                  description="named entities of the question: required by hipporag1, used by "
-                              "hybrid (else capitalised spans), ignored by dense and hipporag2"),
+                  description="named entities of the question: used by hipporag1 and hybrid "
+                              "(absent: the capitalised spans of the question), ignored by dense "
+                              "and hipporag2"),
         ],
         index=Annotated[
             str | None,
@@ -214,7 +220,7 @@ def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
         """Rank the indexed passages for one question; best first."""
         name, answer, _ = await one_query(query, top_k, mode, index, entities)
         return RetrieveOut(index=name, version=answer.version, mode=mode,
-                           hits=[HitOut(**h) for h in answer.hits])
+                           hits=[HitOut(**h) for h in answer.hits], entities=answer.entities)
 
     async def explain(
         query: query_text,  # type: ignore[valid-type]
@@ -280,14 +286,11 @@ def _add_index_tools(server: MCPServer, service: RetrievalService) -> None:
 
 
 def _check_arguments(query: str, mode: str, entities: list[str] | None) -> None:
-    """What the input schema cannot say: blank text, hipporag1 without entities."""
+    """What the input schema cannot say: blank text (the message every surface gives)."""
     if not query.strip():
-        raise ToolError("query is blank: ask something")
+        raise ToolError(f"query {BLANK}")
     if entities is not None and any(not e.strip() for e in entities):
-        raise ToolError("an entity is blank")
-    if mode == "hipporag1" and entities is None:
-        raise ToolError("mode 'hipporag1' needs entities (an empty list answers with the "
-                        "dense ranking)")
+        raise ToolError(f"an entity {BLANK}")
 
 
 class MountedMCP(NamedTuple):

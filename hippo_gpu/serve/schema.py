@@ -11,13 +11,14 @@ request is answered and a schema-invalid one gets 422:
   NONBLANK), so ECMA-262, Python `re` and Rust `regex` all read the pattern alike, and pydantic
   enforces that same pattern.
 - `entities` (optional; null = absent) gives one list of entity strings per query (HippoRAG 1
-  query NER, e.g. from hippo_gpu.llm.ner). hybrid fuses their entity ranking, hipporag1 is built
-  on them and needs them (without: 422), dense and hipporag2 ignore them. hybrid without
-  `entities` uses capitalised spans of each query instead (hippo_gpu.retrieval.entities); a query
-  whose list is empty gets no entity ranking (hybrid uses its dense ranking there, hipporag1 answers
-  it with the dense ranking). JSON Schema cannot compare two array lengths, so the schema spells the
-  rule out: an `anyOf` with one branch "no entities, mode not hipporag1" and one branch per allowed
-  length n ("n queries and n entity lists").
+  query NER, e.g. from hippo_gpu.llm.ner). hipporag1 is built on them and hybrid fuses their
+  entity ranking; dense and hipporag2 ignore them. Without `entities` both use the LLM-free
+  extractor's capitalised spans of each query (hippo_gpu.retrieval.entities), as Python and the
+  command line do; the response's `entities` names the ones used. A query whose list is empty
+  (given or found) gets no entity ranking: hipporag1 scores every passage 1/P, hybrid fuses its
+  other rankings. JSON Schema cannot compare two array lengths, so the schema spells the rule
+  out: an `anyOf` with one branch "no entities" and one branch per allowed length n ("n queries
+  and n entity lists").
 - `ircot` (optional): {"max_steps": S} runs each query through the IRCoT loop
   (hippo_gpu.retrieval.ircot), 1 <= S <= ServerConfig.max_ircot_steps, on a server started with an
   LLM (`--llm`); on one without, the field only accepts null and a value gets a 422 saying so.
@@ -46,6 +47,7 @@ from pydantic import (
 )
 
 from hippo_gpu.config import MODES
+from hippo_gpu.errors import BLANK
 from hippo_gpu.retrieval.ircot import STOPS
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig, WriteLimits
@@ -54,6 +56,7 @@ from hippo_gpu.serve.service import DEFAULT_INDEX, UnknownIndexError
 
 __all__ = [
     "API_DESCRIPTION",
+    "BLANK",
     "NONBLANK",
     "WHITESPACE",
     "ErrorBody",
@@ -92,15 +95,23 @@ WHITESPACE = (
 NONBLANK = "[^" + "".join(f"\\u{ord(c):04x}" for c in WHITESPACE) + "]"
 
 
-_HIPPORAG1_NEEDS_ENTITIES = (
-    "mode 'hipporag1' needs entities: one list of entity strings per query (an empty list "
-    "answers that query with the dense ranking)"
-)
+def short_issue(error: Any) -> dict[str, Any]:
+    """One pydantic validation error as the 422 body lists it: location, message and type, the
+    input never echoed; an empty or whitespace-only text says `BLANK`, not the NONBLANK
+    pattern."""
+    loc, kind = list(error.get("loc", ())), error.get("type", "")
+    ctx = error.get("ctx") or {}
+    if (kind == "string_pattern_mismatch" and ctx.get("pattern") == NONBLANK) or \
+            (kind == "string_too_short" and ctx.get("min_length") == 1):
+        return {"loc": loc, "msg": BLANK, "type": "blank"}
+    return {"loc": loc, "msg": error.get("msg", ""), "type": kind}
+
 
 _QUERY = "Which Stanford University professor works on Alzheimer's?"
 _REQUEST_EXAMPLES: list[dict[str, Any]] = [
     {"queries": [_QUERY], "top_k": 5, "mode": "hipporag2"},
     {"queries": [_QUERY, "Alzheimer's research"], "top_k": 3, "mode": "hybrid"},
+    {"queries": [_QUERY], "top_k": 5, "mode": "hipporag1"},
     {"queries": [_QUERY], "entities": [["Stanford University", "Alzheimer's"]], "top_k": 5,
      "mode": "hipporag1", "return_seeds": False},  # fmt: skip
 ]
@@ -125,17 +136,11 @@ def _max_items(model: type[BaseModel], field: str) -> int | None:
 
 
 def _request_schema_extra(schema: dict[str, Any], model: type[Any]) -> None:
-    """Add the cross-field rules (entities vs queries, hipporag1 vs entities) and examples."""
+    """Add the cross-field rule (one entity list per query) and examples."""
     n_max = _max_items(model, "queries")
     if n_max is None:  # the unconstrained base shape: nothing to spell out
         return
-    no_entities = {
-        "title": "without entities",
-        "properties": {
-            "entities": {"type": "null"},
-            "mode": {"enum": [m for m in MODES if m != "hipporag1"]},
-        },
-    }
+    no_entities = {"title": "without entities", "properties": {"entities": {"type": "null"}}}
     with_entities = [
         {
             "title": f"{n} queries with entities",
@@ -188,14 +193,12 @@ class RetrieveRequest(BaseModel):
 
 
 def _check_entities(queries: list[str], entities: list[list[str]] | None, mode: str) -> None:
-    """One entity list per query; hipporag1 needs them (the rule `anyOf` spells out)."""
+    """One entity list per query (the rule `anyOf` spells out)."""
     if entities is not None and len(entities) != len(queries):
         raise ValueError(
             f"entities has {len(entities)} lists for {len(queries)} queries: give one list per "
             "query"
         )
-    if mode == "hipporag1" and entities is None:
-        raise ValueError(_HIPPORAG1_NEEDS_ENTITIES)
 
 
 class ExplainRequest(BaseModel):
@@ -303,8 +306,8 @@ def _batch_model(config: ServerConfig, indexes: Sequence[str], base: type[Any], 
         __base__=base,
         __doc__=(
             f"Queries {what} with one mode and one top_k. `entities`, when given, has one list "
-            "per query; hipporag1 needs it, hybrid uses it (else capitalised spans of the query), "
-            "dense and hipporag2 ignore it."
+            "per query; hipporag1 and hybrid use it (else the capitalised spans of each query: "
+            "the response's `entities` names those used), dense and hipporag2 ignore it."
         ),
         queries=(
             list[text],
@@ -321,7 +324,8 @@ def _batch_model(config: ServerConfig, indexes: Sequence[str], base: type[Any], 
                 max_length=config.max_queries_per_request,
                 description=(
                     "per query, its named entities (same length as queries; an empty list: none); "
-                    "required by hipporag1, used by hybrid, ignored by dense and hipporag2"
+                    "used by hipporag1 and hybrid (absent: the capitalised spans of each query), "
+                    "ignored by dense and hipporag2"
                 ),
             ),
         ),
@@ -360,6 +364,12 @@ class RetrieveResponse(BaseModel):
         description="per query, the seed facts of its PPR (empty for dense answers and "
         "hipporag1); null unless return_seeds",
     )
+    entities: list[list[str]] | None = Field(
+        default=None,
+        description="hipporag1 and hybrid: per query, the entities its entity ranking linked: "
+        "the request's, or without them the capitalised spans of the query (the LLM-free "
+        "extractor). An empty list: none, so hipporag1 scored every passage 1/P and hybrid "
+        "fused no entity ranking. Absent in the other modes")
     version: int | None = Field(
         default=None,
         description="the index version that answered every query of this request (one batch "
@@ -515,10 +525,9 @@ def retrieve_responses(config: ServerConfig) -> dict[int | str, dict[str, Any]]:
         422: response_doc(
             ValidationErrorBody,
             "the request does not fit the schema: e.g. an empty or whitespace-only query, too "
-            "many queries or characters, top_k out of range, an unknown mode or field, entities "
-            "not one list per query, or mode hipporag1 without entities",
-            {"detail": [{"loc": ["body"], "type": "value_error",
-                         "msg": f"Value error, {_HIPPORAG1_NEEDS_ENTITIES}"}]},
+            "many queries or characters, top_k out of range, an unknown mode or field, or "
+            "entities not one list per query",
+            {"detail": [{"loc": ["body", "queries", 0], "type": "blank", "msg": BLANK}]},
         ),  # fmt: skip
         429: response_doc(
             ErrorBody, "the queue is full; retry after the given seconds",

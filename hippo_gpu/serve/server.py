@@ -5,7 +5,9 @@ Endpoints (operationId in brackets):
                                    "top_k": int, "mode": str, "return_seeds": bool}
         -> {"results": [[{"key", "title", "text", "score", "rank"}, ...] per query],
             "seeds": [[[subject, predicate, object], ...] per query] | null,
-            "version": the index version that answered the whole request | null}
+            "version": the index version that answered the whole request | null,
+            "entities": [[str, ...] per query] (hipporag1 and hybrid only: the entities linked,
+                        the caller's or else the question's capitalised spans; [] = none)}
         An optional "index" names the served index to ask (default: the first), an optional
         "ircot": {"max_steps": S} runs IRCoT (serve/ircot.py; needs `create_app(reasoner=)`)
         and adds "ircot": [{"thoughts", "steps", "stop", "error"} per query].
@@ -34,7 +36,7 @@ The contract: the OpenAPI document states exactly what the server enforces, so a
 request gets 200 (or one of the documented 413 / 429 / 503, which depend on the request's size
 and on load) and a schema-invalid one gets 422. Every per-field limit is therefore in the schema,
 built from `ServerConfig` (serve/config.py); serve/schema.py builds it and states its rules
-(limits, whitespace-only text, entities per query, hipporag1 needs entities).
+(limits, blank text, entities per query).
 
 - 413 is the body-size guard (`ServerConfig.max_body_bytes`, checked before parsing, declared or
   streamed; serve/guards.py). It is sized so that every schema-valid request, serialised with
@@ -85,6 +87,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
@@ -119,6 +122,7 @@ from hippo_gpu.serve.schema import (
     request_model,
     response_doc,
     retrieve_responses,
+    short_issue,
     unauthorized_response,
     unknown_index_response,
     write_responses,
@@ -249,10 +253,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # pydantic's default body echoes the input back; keep location, message and type only.
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        detail = [short_issue(e) for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(OverBudgetError)
@@ -400,6 +401,8 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
         body["version"] = answered_version(answers)
+        if req.mode in ENTITY_MODES:
+            body["entities"] = [a.entities for a in answers]
         if traces is not None:
             body["ircot"] = traces
         if any(e is not None for e in errors):

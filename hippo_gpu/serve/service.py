@@ -150,6 +150,9 @@ class Answer(NamedTuple):
     error: str | None = None  # why this query has no answer (its PPR is uncertified)
     explanation: dict[str, Any] | None = None  # explain batches: explanation's JSON
     version: int | None = None  # the index version that answered (None: never saved)
+    # hipporag1 and hybrid: the entities the query's entity ranking linked (the caller's or
+    # the LLM-free extractor's; [] none); None in the other modes (Ranking.entities)
+    entities: list[str] | None = None
 
 
 def answered_version(answers: list[Answer]) -> int | None:
@@ -200,9 +203,10 @@ class _SearcherAdapter:
         if key.return_seeds:
             seeds = [[s.as_json() for s in per_query] for per_query in ranking.seeds]
         passage_texts = searcher.index.passage_texts
+        used = ranking.entities
         return [
             Answer([hit_dict(h, passage_texts) for h in per_query], s, ranking.failed.get(i),
-                   version=version)
+                   version=version, entities=None if used is None else used[i])
             for i, (per_query, s) in enumerate(zip(hits, seeds, strict=True))
         ]
 

@@ -55,7 +55,7 @@ def test_query_explain_splits_the_same_hits(sample_index_dir: Path, sample_searc
 def test_query_errors_are_one_line(sample_index_dir: Path, tmp_path: Path) -> None:
     for args, says in ([str(tmp_path), "q"], "is not a hippo-gpu index"), \
             ([str(sample_index_dir), "q", "--mode", "nope"], "unknown mode"), \
-            ([str(sample_index_dir), "  "], "the question is empty"):
+            ([str(sample_index_dir), "  "], "the question is blank"):
         res = runner.invoke(app, ["query", *args])
         assert res.exit_code == 2 and says in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1, res.output

@@ -146,7 +146,7 @@ def test_killed_replica_is_retried_every_id_once_parquet(ray_local, sample_hash_
     assert (report.rows, report.answered, report.bad) == (30, 29, 1)
     bad = [json.loads(line) for line in Path(report.bad_file).read_text().splitlines()]
     assert bad == [{"row": 23, "where": f"{q} row 23",
-                    "error": f"{q} row 23: 'query' must be a non-empty string"}]
+                    "error": f"{q} row 23: 'query' is blank"}]
     got = pq.read_table(out).to_pylist()
     good = [r for r in rows if r["id"] != "bad"]
     assert [g["id"] for g in got] == [r["id"] for r in good]  # every id exactly once, in order
@@ -159,7 +159,7 @@ def test_malformed_row_fails_the_run_naming_it(ray_local, sample_hash_index_dir,
     q = tmp_path / "q.jsonl"
     q.write_text('{"id": 1, "query": "lighthouse"}\n{"id": 2}\n')
     with pytest.raises(DataFormatError, match=r"q\.jsonl: line at byte 33: malformed row "
-                       r"'\{\"id\": 2\}': 'query' must be a non-empty string"):
+                       r"'\{\"id\": 2\}': 'query' must be a string"):
         retrieve_ray(SearcherSpec(sample_hash_index_dir, device="cpu"), q, tmp_path / "o.jsonl",
                      workers=1)
     assert not (tmp_path / "o.jsonl").exists()

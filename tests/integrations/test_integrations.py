@@ -27,7 +27,7 @@ from hippo_gpu.integrations import PassageClient, RemoteRetrievalError
 from hippo_gpu.sample import paths
 
 TOKEN = "integration-token-5d2e"
-MODES = ("dense", "hipporag2", "hybrid")
+MODES = ("dense", "hipporag1", "hipporag2", "hybrid")
 QUERIES = [q.question for q in read_questions(paths()["questions"])] + [
     "Which Stanford University professor works on Alzheimer's?",  # no such passage: still ranked
     "lighthouse",
@@ -108,8 +108,8 @@ def test_client_rejects_bad_arguments(searcher: Searcher) -> None:
     with pytest.raises(TypeError, match="Searcher"):
         PassageClient(searcher=object())  # type: ignore[arg-type]
     client = PassageClient(searcher=searcher)
-    with pytest.raises(ValueError, match="query entities"):
-        client.retrieve(["q"], k=3, mode="hipporag1")
+    with pytest.raises(ValueError, match="is blank"):
+        client.retrieve(["q", "  "], k=3, mode="hipporag1")
     with pytest.raises(ValueError, match="mode must be one of"):
         client.retrieve(["q"], k=3, mode="bm25")
     with pytest.raises(ValueError, match="k must be"):
@@ -200,8 +200,8 @@ def test_langchain_batch_error_reaches_every_input(lc: ModuleType, searcher: Sea
 
 
 def test_langchain_rejects_bad_settings(lc: ModuleType, searcher: Searcher) -> None:
-    with pytest.raises(ValueError, match="query entities"):
-        lc.HippoRetriever(searcher=searcher, mode="hipporag1")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        lc.HippoRetriever(searcher=searcher, mode="bm25")
     with pytest.raises(ValueError, match="exactly one"):
         lc.HippoRetriever(k=3)
     with pytest.raises(ValueError):
@@ -310,8 +310,8 @@ def test_llamaindex_batch_is_one_retrieval(li: ModuleType, searcher: Searcher,
     out = asyncio.run(retriever.aretrieve_batch(QUERIES))
     assert counted == [QUERIES]
     _same_ranking(_nodes(out), want, exact=True)
-    with pytest.raises(ValueError, match="query entities"):
-        li.HippoRetriever(searcher=searcher, mode="hipporag1")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        li.HippoRetriever(searcher=searcher, mode="bm25")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,21 +41,21 @@ class ScriptedServer(LoopbackServer):
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             status, headers, delay = self.script.pop(0) if self.script else (200, {}, 0)
-        try:
-            time.sleep(delay)
-            if status == 200:
-                body: dict[str, Any] = {
-                    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "ok"}}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-                }
-            else:
-                body = {"error": {"message": f"status {status}", "type": "x"}}
-            send_json(handler, status, body, headers)
-        finally:
-            with self.lock:
-                self.in_flight -= 1
+        time.sleep(delay)
+        if status == 200:
+            body: dict[str, Any] = {
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        else:
+            body = {"error": {"message": f"status {status}", "type": "x"}}
+        # out of flight before the answer leaves: once the client has it, it may send its next
+        # request, which a later decrement would count beside this one
+        with self.lock:
+            self.in_flight -= 1
+        send_json(handler, status, body, headers)
 
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]

@@ -28,7 +28,8 @@ Q1, Q2, Q3, Q4 = QUESTIONS
 
 
 class CountingSearcher:
-    """The real searcher, with every `rank` call's queries recorded."""
+    """The real searcher, with every `rank` call's queries and the entities it linked (the
+    ranking's: the caller's or the LLM-free extractor's) recorded."""
 
     def __init__(self, searcher: Any) -> None:
         self._s = searcher
@@ -38,8 +39,9 @@ class CountingSearcher:
 
     def rank(self, queries: list[str], **kw: Any) -> Any:
         self.calls.append(list(queries))
-        self.entities.append(kw.get("query_entities"))
-        return self._s.rank(queries, **kw)
+        ranking = self._s.rank(queries, **kw)
+        self.entities.append(ranking.entities)
+        return ranking
 
     def to_hits(self, ranking: Any) -> Any:
         return self._s.to_hits(ranking)

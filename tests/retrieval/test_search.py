@@ -105,8 +105,16 @@ def test_hybrid_and_hipporag1_modes(sample_index, sample_searcher):
     hits = sample_searcher.retrieve(QUERIES, top_k=4, mode="hybrid")
     assert [len(h) for h in hits] == [4, 4, 4]
     assert all(a.score >= b.score for h in hits for a, b in zip(h, h[1:]))
-    with pytest.raises(ValueError, match="named entities"):
-        sample_searcher.retrieve(QUERIES, mode="hipporag1")
+    # without given entities, hipporag1 seeds from the LLM-free extractor: the same
+    # ranking as passing its entities, and the ranking reports which it used
+    from hippo_gpu.retrieval.entities import heuristic_entities
+
+    auto = sample_searcher.rank(QUERIES, top_k=5, mode="hipporag1")
+    given = sample_searcher.rank(QUERIES, top_k=5, mode="hipporag1",
+                                 query_entities=heuristic_entities(QUERIES))
+    assert auto.entities == heuristic_entities(QUERIES)
+    assert auto.passage_rows.tolist() == given.passage_rows.tolist()
+    assert torch.equal(auto.scores, given.scores)
     ents = [["tidal clock"], ["Lumen Museum", "Edwin Pell"], []]
     r = sample_searcher.rank(QUERIES, top_k=5, mode="hipporag1", query_entities=ents)
     # legacy v1: a query without entities gets uniform scores (not the dense ranking)

@@ -113,7 +113,7 @@ def entity_variants(queries: list[str]) -> list[list[list[str]] | None]:
     spans = heuristic_entities(queries)
     borrowed = [spans[(i + 1) % len(spans)] or ["Stanford University"] for i in range(len(spans))]
     return [
-        None,  # hybrid: capitalised spans inside Searcher; hipporag1 cannot do without
+        None,  # hipporag1, hybrid: the capitalised spans, found inside Searcher
         spans,  # the same spans, given explicitly
         [[] for _ in queries],  # no entity for any query
         borrowed,  # another query's entities: a different entity ranking

@@ -73,7 +73,7 @@ def test_explain_is_behind_the_token_and_checks_its_request(sample_searcher: Any
             assert TOKEN not in r.text
         assert c.post("/v1/explain", json=body, headers=AUTH).status_code == 200
         for bad in ({"queries": [" "]}, {"queries": ["q"], "return_seeds": True},
-                    {"queries": ["q"], "top_k": 1001}, {"queries": ["q"], "mode": "hipporag1"},
+                    {"queries": ["q"], "top_k": 1001}, {"queries": ["q"], "mode": "bm25"},
                     {"queries": ["q"], "index": "other"}):
             r = c.post("/v1/explain", json=bad, headers=AUTH)
             assert r.status_code == 422, (bad, r.text)

@@ -87,7 +87,6 @@ async def _check_tools(client: Client, searcher: Any) -> None:
         ({"query": "   "}, "blank"),
         ({"top_k": 3}, "query"),
         ({"query": "x", "top_k": "many"}, "top_k"),
-        ({"query": "x", "mode": "hipporag1"}, "needs entities"),
         ({"query": "x", "index": "nope"}, "unknown index 'nope'"),
     ]
     for args, needle in bad:
@@ -110,8 +109,15 @@ async def _check_tools(client: Client, searcher: Any) -> None:
     for got, exp in zip(served["hits"], want.hits, strict=True):
         assert got["total"] == pytest.approx(exp.total, rel=1e-4)
         assert abs(got["total"] - got["value"]) <= got["bound"]
+    # hipporag1 without entities links the question's capitalised spans, as every surface does
+    named = "Who designed the lighthouse on Skerrow?"
+    r = await client.call_tool("retrieve", {"query": named, "top_k": 4, "mode": "hipporag1"})
+    assert not r.is_error, r.content
+    assert r.structured_content["entities"] == ["Skerrow"]
+    _assert_hits(r.structured_content["hits"], offline_hits(searcher, named, 4, "hipporag1",
+                                                            ["Skerrow"]))
     r = await client.call_tool("explain", {"query": "x", "mode": "hipporag1"})
-    assert r.is_error and "needs entities" in r.content[0].text
+    assert not r.is_error and r.structured_content["explanation"]["entities"] == []
 
     r = await client.call_tool("stats", {})
     assert not r.is_error
@@ -188,7 +194,7 @@ def test_stdio_command_with_an_llm_serves_ircot(sample_index_dir: Path,
                         want.thoughts, want.steps, want.stop, None)
                     assert got["version"] == version  # every step read the one version
                 for args, needle in (({"query": "x", "max_steps": 4}, "max_steps"),
-                                     ({"query": "x", "mode": "hipporag1"}, "needs entities")):
+                                     ({"query": " ", "mode": "hipporag1"}, "query is blank")):
                     r = await client.call_tool("retrieve_ircot", args)
                     assert r.is_error and needle in r.content[0].text, r.content
 

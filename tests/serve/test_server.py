@@ -82,16 +82,15 @@ def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mod
     """Merged into batches, every request gets exactly its own offline ranking, in every mode.
 
     Requests of 1-3 queries with two top_k and every way of giving entities are sent at once;
-    a 50 ms wait lets them meet. hipporag1 always sends entities (it needs them), hybrid mixes
-    requests with and without them, dense and hipporag2 get entities too (they ignore them).
+    a 50 ms wait lets them meet. hipporag1 and hybrid mix requests with and without them
+    (without: the question's capitalised spans), dense and hipporag2 get entities too (they
+    ignore them).
     """
     requests = []
     for i in range(24):
         n = 1 + i % 3
         qs = [queries[(i + j) % len(queries)] for j in range(n)]
         variants = entity_variants(qs)
-        if mode == "hipporag1":
-            variants = variants[1:]
         req: dict[str, Any] = {"queries": qs, "top_k": 3 if i % 4 == 0 else 5, "mode": mode}
         ents = variants[(i // 3) % len(variants)]
         if ents is not None:
@@ -118,14 +117,14 @@ def test_concurrent_results_equal_offline(searcher: Any, queries: list[str], mod
         for served, expected in zip(body["results"], offline, strict=True):
             assert len(served) == min(req["top_k"], len(searcher.index.passage_keys))
             assert_same_ranking(served, expected)
-        if mode == "hybrid" and ents is not None:
+        if mode in ("hipporag1", "hybrid") and ents is not None:
             heuristic = offline_hits(searcher, req["queries"], req["top_k"], mode, None)
             differs_from_heuristic |= [[h["key"] for h in r] for r in heuristic] != [
                 [h["key"] for h in r] for r in offline
             ]
-    if mode == "hybrid":
+    if mode in ("hipporag1", "hybrid"):
         # Otherwise serving a with-entities query in a batch without them would go unnoticed.
-        assert differs_from_heuristic, "no request's entities changed its hybrid ranking"
+        assert differs_from_heuristic, f"no request's entities changed its {mode} ranking"
     n_queries = sum(len(r["queries"]) for r in requests)
     assert stats["queries_served"] == n_queries
     assert stats["max_batch_size_seen"] <= 16
@@ -220,8 +219,6 @@ def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
         {"queries": ["q"], "top_k": 5.5},
         {"queries": ["q"], "return_seeds": "yes"},
         {"queries": ["q"], "unexpected": True},
-        {"queries": ["q"], "mode": "hipporag1"},  # hipporag1 needs entities
-        {"queries": ["q"], "mode": "hipporag1", "entities": None},
         {"queries": ["q", "r"], "entities": [["a"]], "mode": "hybrid"},  # not one list per query
         {"queries": ["q"], "entities": [["a", "b", "c"]]},  # more than max_entities_per_query
         {"queries": ["q"], "entities": [["e" * 21]]},  # longer than max_entity_chars
@@ -233,6 +230,8 @@ def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
         {"queries": ["q"], "top_k": 5.0, "mode": "dense"},  # JSON Schema: 5.0 is an integer
         {"queries": [" q "], "entities": None, "mode": "hybrid"},
         {"queries": ["q"], "entities": [[]], "mode": "hipporag1"},
+        {"queries": ["q"], "mode": "hipporag1"},  # entities: the capitalised spans (none here)
+        {"queries": ["q"], "mode": "hipporag1", "entities": None},
         {"queries": ["q", "r"], "entities": [["a"], []], "mode": "dense"},  # ignored by dense
     ]
     with serving(searcher, config) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
@@ -246,7 +245,13 @@ def test_oversized_and_invalid_input(searcher: Any, index_dir: Path) -> None:
             assert r.status_code == 200, (body, r.text)
             assert len(r.json()["results"]) == len(body["queries"])
         r = client.post("/v1/retrieve", json={"queries": ["q"], "mode": "hipporag1"})
-        assert "mode 'hipporag1' needs entities" in r.json()["detail"][0]["msg"]
+        assert r.json()["entities"] == [[]]  # none found, and the answer says so
+        for body, loc in (({"queries": ["q", " \u3000"]}, ["body", "queries", 1]),
+                          ({"queries": [""]}, ["body", "queries", 0]),
+                          ({"queries": ["q"], "entities": [["\t"]], "mode": "hybrid"},
+                           ["body", "entities", 0, 0])):
+            r = client.post("/v1/retrieve", json=body)
+            assert r.json()["detail"] == [{"loc": loc, "msg": "is blank", "type": "blank"}], r.text
         r = client.post("/v1/retrieve", json={"queries": ["q", "r"], "entities": [["a"]]})
         assert "entities has 1 lists for 2 queries" in r.json()["detail"][0]["msg"]
         # Validation errors do not echo the input back.

@@ -128,8 +128,9 @@
     const mode = $("mode").value;
     const body = { queries: [query], mode, top_k: Number($("top-k").value) || 10,
                    index: $("index").value || null };
-    if (ents.length || mode === "hipporag1") body.entities = [ents];
-    say("Explaining…");
+    // no entities typed: the server links the question's capitalised spans (hipporag1, hybrid)
+    if (ents.length) body.entities = [ents];
+    say("Searching…");
     $("run").disabled = true;
     const t0 = performance.now();
     try {
@@ -141,12 +142,22 @@
       renderQuery(data);
       selectHit(0, false);
       say(`${data.hits.length} hits in ${Math.round(performance.now() - t0)} ms` +
-          (data.dense_answer ? " (answered by the dense ranking)" : "") + ".", "ok");
+          (data.dense_answer ? " (answered by the dense ranking)" : "") + "." +
+          entitiesNote(data), data.entities && !data.entities.length ? "warn" : "ok");
     } catch (e) {
       say(e.message, "error");
     } finally {
       $("run").disabled = !state.connected;
     }
+  }
+
+  function entitiesNote(data) {
+    // hipporag1 and hybrid name the entities they linked: typed, or the question's capitalised spans
+    if (!data.entities) return "";
+    if (data.entities.length) return " Entities: " + data.entities.join(", ") + ".";
+    return data.mode === "hipporag1"
+      ? " No entity found in the question: every passage scores alike. Type its entities."
+      : " No entity found in the question: no entity ranking was fused.";
   }
 
   // ------------------------------------------------------------------ rendering
