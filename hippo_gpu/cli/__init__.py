@@ -1,9 +1,9 @@
 """The `hippo-gpu` command line: one Typer app, one module per command group.
 
     demo               cli/demo.py       index the bundled sample and answer its questions
-    index, stats,      cli/index.py      build an index; print its counts; insert or delete
-    insert, delete,                      passages (atomic commits); drop old versions
-    compact
+    corpus, index,     cli/index.py      a corpus file from a folder of text files; build an
+    stats, insert,                       index; print its counts; insert or delete passages
+    delete, compact                      (atomic commits); drop old versions
     eval               cli/evaluate.py   Recall@k, queries/s and stage times per mode
     retrieve, query    cli/retrieve.py   answer a query file in batches (resumable); one question
     extract, qa        cli/llm.py        LLM OpenIE extraction; retrieve-then-read QA

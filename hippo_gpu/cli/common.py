@@ -4,6 +4,7 @@ for the whole app), tables."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -48,6 +49,12 @@ def fail(msg: str) -> NoReturn:
     "[/x]" is printed as it is, not read as console markup)."""
     err_console.print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(2)
+
+
+def folder_hint(corpus: Path) -> str:
+    """The error for a folder given as --corpus: how to make a corpus file of it."""
+    return (f"--corpus {corpus} is a folder; make a corpus file of its text files first: "
+            f"hippo-gpu corpus {corpus} --out corpus.json")
 
 
 def note_local_llm(llm: str) -> None:

@@ -1,5 +1,6 @@
-"""`hippo-gpu index` (build), `stats` (counts), `insert` / `delete` (change it in place,
-atomically), `compact` (fold the segments into a new base, drop old versions)."""
+"""`hippo-gpu corpus` (a folder of text files -> corpus JSON), `index` (build), `stats` (counts),
+`insert` / `delete` (change it in place, atomically), `compact` (fold the segments into a new
+base, drop old versions)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hippo_gpu.cli.common import (
     LLM_HELP,
     console,
     fail,
+    folder_hint,
     note_local_llm,
     setup,
     timing_table,
@@ -28,6 +30,8 @@ def _passages(corpus: Path, openie: Path | None, llm: str | None) -> list:
 
     if (openie is None) == (llm is None):
         fail("give exactly one of --openie FILE or --llm SPEC")
+    if corpus.is_dir():
+        fail(folder_hint(corpus))
     try:
         return as_passages(corpus)
     except OSError as e:
@@ -83,6 +87,38 @@ def _check_out(out: Path, replace: bool) -> None:
         fail(f"--out {out}: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         fail(f"--out {out}: {parent} is not writable")
+
+
+def corpus(
+    folder: Path = typer.Argument(..., help="folder of .txt / .md files (recursively)"),
+    out: Path = typer.Option(..., help="corpus JSON to write: list of {title, text}"),
+    max_chars: int = typer.Option(1200, min=1, help="characters per passage at most"),
+    overlap: int = typer.Option(0, min=0, help="characters a passage repeats from the one "
+                                                "before (HippoRAG passages: 0)"),
+    replace: bool = typer.Option(False, "--replace", help="overwrite an existing --out"),
+) -> None:
+    """Make a corpus file from a folder of text files: each split into passages by
+    semantic-text-splitter, titled by its relative path; then extract and index that file."""
+    from hippo_gpu.folder_corpus import folder_corpus
+    from hippo_gpu.storage.durable import write_atomic
+
+    if out.exists() and (out.is_dir() or not replace):
+        fail(f"--out {out} already exists" + ("" if out.is_dir() else "; pass --replace to "
+                                              "overwrite it"))
+    try:
+        made = folder_corpus(folder, max_chars=max_chars, overlap=overlap)
+    except ValueError as e:
+        fail(str(e))
+    if not made.passages:
+        fail(f"{folder}: its {made.files} text file(s) hold no text")
+    try:
+        write_atomic(out, json.dumps(made.passages, ensure_ascii=False, indent=1) + "\n")
+    except OSError as e:
+        fail(f"--out {out}: {e.strerror or e}")
+    console.print(f"{made.files} file(s) -> {len(made.passages)} passages -> {out}"
+                  + (f"; skipped {len(made.empty)} empty: {', '.join(made.empty[:5])}"
+                     + (" ..." if len(made.empty) > 5 else "") if made.empty else ""),
+                  markup=False, highlight=False)
 
 
 def index(
@@ -302,6 +338,7 @@ def compact(path: Path = typer.Argument(..., help="index directory"),
 
 
 def register(app: typer.Typer) -> None:
+    app.command()(corpus)
     app.command()(index)
     app.command()(stats)
     app.command()(insert)

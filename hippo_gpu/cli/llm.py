@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
-from hippo_gpu.cli.common import console, fail, note_local_llm, ray_failure
+from hippo_gpu.cli.common import console, fail, folder_hint, note_local_llm, ray_failure
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -73,6 +73,8 @@ def extract(
     """Run OpenIE over a corpus with an LLM; resumes from the cache, retries failed passages."""
     from hippo_gpu.llm.extract import OpenIEConfig, extract_openie
 
+    if corpus.is_dir():
+        fail(folder_hint(corpus))
     config = OpenIEConfig(max_entities=max_entities, max_triples=max_triples)
     options = _options_for(llm, _backend_options(api_key_env, concurrency))
     note_local_llm(llm)
