@@ -35,8 +35,8 @@ class CoverageError(DataFormatError):
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         super().__init__(
             f"{source} does not cover {len(missing)} corpus passage(s): {shown}{more}; "
-            "extract them first, or pass allow_missing=True (--allow-missing-openie) to index "
-            "them without triples"
+            "extract them first, or index them without triples: --allow-missing-openie (index, "
+            "insert), allow_missing_openie=True (build_index)"
         )
         self.missing = missing
 

@@ -22,7 +22,8 @@ Endpoints (operationId in brackets):
     GET  /metrics [metrics]   Prometheus text format (serve/metrics.py lists the names).
     GET  /healthz [healthz]   liveness: the process answers.
     GET  /readyz [readyz]     readiness: indexes loaded and batchers accepting (else 503).
-    GET  /docs, /redoc, /openapi.json   the OpenAPI document and its viewers.
+    GET  /docs, /redoc, /openapi.json   the OpenAPI document and its viewers, offline (their
+                              scripts served here: serve/doc_pages.py); GET / leads to /ui.
     GET  /ui                  the explorer page (serve/ui.py; ServerConfig.ui): static files, open
                               like /docs; every request it makes goes to /v1/* with the token.
     /mcp                      the Model Context Protocol (streamable HTTP, serve/mcp.py) when the
@@ -92,6 +93,7 @@ from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig
+from hippo_gpu.serve.doc_pages import DOCS_PATH, add_doc_routes
 from hippo_gpu.serve.guards import (
     BearerGuard,
     BodyLimit,
@@ -136,7 +138,7 @@ from hippo_gpu.serve.service import (
     answered_version,
     check_index_name,
 )
-from hippo_gpu.serve.ui import add_ui_routes
+from hippo_gpu.serve.ui import UI_PATH, add_ui_routes
 from hippo_gpu.serve.writes import write_router
 
 if TYPE_CHECKING:
@@ -178,6 +180,7 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
         summary="Batched HippoRAG retrieval with dynamic micro-batching",
         description=API_DESCRIPTION,
         lifespan=_lifespan(service, mcp_app),
+        docs_url=None, redoc_url=None,  # served offline by add_doc_routes, below
     )
     writable = config.token is not None and any(
         s.holder.index_dir is not None for s in service.indexes.values())
@@ -204,6 +207,7 @@ def create_app(searcher: Searcher | SearcherHolder | Mapping[str, Searcher | Sea
         _add_write_routes(app, service, config, auth)
     if config.ui:
         add_ui_routes(app)
+    add_doc_routes(app, home=UI_PATH + "/" if config.ui else DOCS_PATH)
     if mcp_app is not None:
         guarded = mcp_app.asgi if config.token is None else BearerGuard(mcp_app.asgi, config.token)
         app.router.routes.append(Route(MCP_PATH, endpoint=guarded))

@@ -64,6 +64,19 @@ def test_openie_that_misses_passages_is_an_error_naming_them(tmp_path):
     with pytest.raises(CoverageError, match="2 corpus passage") as e:
         read_openie(partial, corpus)
     assert "B\\nBeta text." in str(e.value) or "Beta text" in str(e.value)
+    # the hint names options that exist: the CLI flag on index and insert, build_index's keyword
+    import inspect
+
+    import typer
+
+    from hippo_gpu import build_index
+    from hippo_gpu.cli import app
+
+    assert "allow_missing_openie=True (build_index)" in str(e.value)
+    assert "allow_missing_openie" in inspect.signature(build_index).parameters
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for command in ("index", "insert"):
+        assert "--allow-missing-openie" in {o for p in commands[command].params for o in p.opts}
     docs, report = read_openie(partial, corpus, allow_missing=True)
     assert len(docs) == 3 and report.missing_passages == 2
     bad = tmp_path / "bad.json"

@@ -408,12 +408,15 @@ def test_classify_certifies_the_top_k_by_its_gaps() -> None:
     from hippo_gpu.ppr.certificate import classify
 
     f64 = functools.partial(torch.tensor, dtype=torch.float64)
-    g = torch.tensor([[0.0, 0.0, 9.0], [4.0, 4.0, 4.0], [3.0, 3.5, 3.9], [1.0, 1.0, 1.0]])
+    g = torch.tensor([[0.0, 0.0, 9.0, 9.0], [4.0, 4.0, 4.0, 4.0], [3.0, 3.5, 3.9, 3.9],
+                      [1.0, 1.0, 1.0, 1.0]])
     rows = torch.tensor([1, 2, 3])
-    ok, *_ = classify(1, f64([5.0] * 3), f64([0.5, 0.5, 0.05]), g, g, g, f64([1.0] * 3),
-                      torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64),
+    ok, *_ = classify(1, f64([5.0] * 4), f64([0.5, 0.5, 0.05, 0.2]), g, g, g, f64([1.0] * 4),
+                      torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64),
                       tol=1.0, omega=0.0, top_k=1, target_rows=rows, patience=8, check=None)
-    assert ok.tolist() == [True, False, True]  # gaps 1.0, 0.5 (= err: not certified), 0.1
+    # gaps 1.0, 0.5 (= err: not certified), 0.1 and 0.1 (< err 0.2: row 0's gap of 5 is not a
+    # target row's, so it does not count)
+    assert ok.tolist() == [True, False, True, False]
 
 
 class _Verdicts:
@@ -434,21 +437,24 @@ def test_classify_keeps_only_what_the_float64_check_confirms() -> None:
     from hippo_gpu.ppr.certificate import classify
 
     f64 = functools.partial(torch.tensor, dtype=torch.float64)
-    g = torch.zeros(2, 4)
+    g = torch.zeros(2, 5)
     rows = torch.tensor([0, 1])
-    check = _Verdicts([True, False, False, False])
+    check = _Verdicts([True, False, False, False, False])
+    # the last column is uncertified with a halving record 8 steps old: stalled by the halving
+    # rule, which a refuted certificate elsewhere must not clear
     ok, stall, now, _, _, refuted = classify(
-        3, f64([0.5, 0.5, 0.5, 4.0]), f64([9.0] * 4), g, g, g, f64([0.1] * 4),
-        torch.full((4,), 3), torch.tensor([0, 0, 7, 0]), tol=1.0, omega=0.0, top_k=2,
-        target_rows=rows, patience=8, check=check)  # type: ignore[arg-type]
+        3, f64([0.5, 0.5, 0.5, 4.0, 4.0]), f64([9.0] * 5), g, g, g, f64([0.1] * 5),
+        torch.tensor([3, 3, 3, 3, -5]), torch.tensor([0, 0, 7, 0, 0]), tol=1.0, omega=0.0,
+        top_k=2, target_rows=rows, patience=8, check=check)  # type: ignore[arg-type]
     assert len(check.calls) == 1
     asked, now_then, tol, top_k, target = check.calls[0]
-    assert asked.tolist() == [True, True, True, False] and now_then.tolist() == [0.5] * 3 + [4]
+    assert asked.tolist() == [True, True, True, False, False]
+    assert now_then.tolist() == [0.5] * 3 + [4, 4]
     assert (tol, top_k, target) == (1.0, 2, rows)
-    assert ok.tolist() == [True, False, False, False]
-    assert refuted.tolist() == [0, 1, 8, 0]
-    assert stall.tolist() == [False, False, True, False]
-    assert now.tolist() == [100.5] * 3 + [104.0]
+    assert ok.tolist() == [True, False, False, False, False]
+    assert refuted.tolist() == [0, 1, 8, 0, 0]
+    assert stall.tolist() == [False, False, True, False, True]
+    assert now.tolist() == [100.5] * 3 + [104.0] * 2
     check = _Verdicts([True] * 4)
     classify(3, f64([4.0] * 4), f64([9.0] * 4), g, g, g, f64([9.0] * 4), torch.zeros(4),
              torch.zeros(4), tol=1.0, omega=0.0, top_k=0, target_rows=None, patience=8,

@@ -105,6 +105,8 @@ def test_nearest_rows_holds_one_block_of_scores_at_a_time(monkeypatch) -> None:
 def test_block_rows_and_spans() -> None:
     align = blockwise.ROW_ALIGN
     assert block_rows(1000, 10, 10_000) == 1000  # fits: one block of everything
+    assert block_rows(1, 10, 10_000) == 1 and block_rows(0, 10, 10_000) == 1  # never empty
+    assert type(block_rows(100_000, 10, 10 * (3 * align + 7))) is int  # a row count, not a float
     assert block_rows(100_000, 10, 10 * (3 * align + 7)) == 3 * align  # rounded down to align
     assert block_rows(100_000, 10, 10 * 5 * align) == 5 * align
     assert block_rows(100_000, 10, 1) == align  # never below ROW_ALIGN

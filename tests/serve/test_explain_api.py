@@ -125,5 +125,7 @@ def test_ui_files_are_served_open_and_only_from_the_package(sample_searcher: Any
 def test_no_ui_serves_no_page(sample_searcher: Any) -> None:
     with serving(sample_searcher, ServerConfig(ui=False)) as (url, _):
         assert httpx.get(url + "/ui/", timeout=30).status_code == 404
+        home = httpx.get(url + "/", timeout=30, follow_redirects=True)  # leads to /docs instead
+        assert home.status_code == 200 and home.url.path == "/docs"
         assert httpx.post(url + "/v1/explain", json={"queries": ["q"], "mode": "dense"},
                           timeout=30).status_code == 200

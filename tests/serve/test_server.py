@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -345,6 +346,18 @@ def test_health_ready_stats_docs(searcher: Any, index_dir: Path) -> None:
         assert 0 < b["latency_ms"]["p50"] <= b["latency_ms"]["p95"] <= b["latency_ms"]["p99"]
         docs = c.get("/docs")
         assert docs.status_code == 200 and "swagger" in docs.text.lower()
+        # offline: every script, style sheet and icon of /docs and /redoc comes from here
+        for page in ("/docs", "/redoc"):
+            html = c.get(page).text
+            urls = re.findall(r'(?:src|href)=["\']([^"\']+)', html)
+            assert urls and all(u.startswith("/") for u in urls), (page, urls)
+            assert "cdn." not in html and "fonts.googleapis" not in html, page
+            for u in urls:
+                asset = c.get(u)
+                assert asset.status_code == 200 and len(asset.content) > 1000, u
+        assert c.get("/docs/assets/other.js").status_code == 404
+        home = c.get("/", follow_redirects=False)
+        assert home.status_code == 307 and home.headers["location"] == "/ui/"
         spec = c.get("/openapi.json").json()
         assert {"/v1/retrieve", "/v1/stats", "/healthz", "/readyz"} <= set(spec["paths"])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,15 @@ def test_explorer_shows_what_the_api_explains(browser: Any, sample_searcher: Any
             assert shown == [(h["title"], h["score"], h["rank"]) for h in api["hits"]], mode
             # the first hit is selected; its terms are the API's, value for value
             assert _terms_shown(browser) == _terms_of(api["hits"][0]), mode
+            # and each kind of term shown has its line in "What the terms mean"
+            browser.find_element(By.CSS_SELECTOR, "#glossary summary").click()
+            defined = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "#glossary dt")}
+            assert {"seed", "mass", "dense prior", "min-max shift", "bound",
+                    "fused rankings"} <= defined
+            glossed = {"seed": "seed", "dense-own": "dense prior",
+                       "dense-spread": "dense prior", "offset": "min-max shift"}
+            assert {glossed[kind] for kind, _, _ in _terms_shown(browser)} <= defined
+            browser.find_element(By.CSS_SELECTOR, "#glossary summary").click()
             if mode == "hybrid":
                 fused = browser.find_elements(By.CSS_SELECTOR, "#fusion tbody tr")
                 f = api["hits"][0]["fusion"]
@@ -261,3 +270,70 @@ def test_hipporag1_without_entities_is_one_ranking_everywhere(
         assert [g[:3] for g in got] == [p[:3] for p in python], name
         # the PPR stops at a certified bound whose step count may vary with thread scheduling
         assert [g[3] for g in got] == pytest.approx([p[3] for p in python], rel=1e-5), name
+
+
+def test_docs_and_redoc_render_offline(browser: Any, sample_searcher: Any) -> None:
+    """/docs (Swagger UI) and /redoc render the API in a browser that reaches no other host
+    (the test machine has none): their scripts come from the server (serve/doc_pages.py)."""
+    from selenium.webdriver.common.by import By
+
+    with serving(sample_searcher, ServerConfig(token=TOKEN)) as (url, _):
+        browser.get(url + "/")
+        _wait(browser, lambda b: b.current_url.endswith("/ui/"), "GET / did not lead to /ui/")
+        browser.get(url + "/docs")
+        _wait(browser, lambda b: any("/v1/retrieve" in e.text for e in b.find_elements(
+            By.CSS_SELECTOR, ".opblock-summary-path")), "Swagger UI did not render /v1/retrieve")
+        browser.get(url + "/redoc")
+        _wait(browser, lambda b: "/v1/retrieve" in b.find_element(By.TAG_NAME, "body").text,
+              "ReDoc did not render /v1/retrieve")
+
+
+def _crossings(links: list[tuple[float, float]]) -> int:
+    return sum((a[0] - b[0]) * (a[1] - b[1]) < 0
+               for i, a in enumerate(links) for b in links[i + 1:])
+
+
+def test_the_drawing_orders_its_phrases_to_uncross_lines(browser: Any) -> None:
+    """orderToUncross (explorer.js), run in the browser on 300 random seed -> phrase graphs
+    (1-6 seeds, 1-6 phrases, masses at random, phrases first in mass order as the page picks
+    them): never more crossings than that mass order, none whenever an order without any
+    exists, and the fewest possible (all orders tried here) on at least 95 % of graphs."""
+    import itertools
+    import random
+
+    source = (Path(__file__).resolve().parents[2] / "hippo_gpu" / "serve" / "ui" /
+              "explorer.js").read_text()
+    start, end = source.index("  function crossings("), source.index("  function node(")
+    rng = random.Random(5)
+    cases = []
+    for _ in range(300):
+        n_seeds, n_mid = rng.randint(1, 6), rng.randint(1, 6)
+        seeds = [{"node": f"s{i}", "bridges": []} for i in range(n_seeds)]
+        for j in range(n_mid):
+            for i in rng.sample(range(n_seeds), rng.randint(1, n_seeds)):
+                seeds[i]["bridges"].append({"node": f"m{j}", "mass": rng.random()})
+        mass = {f"m{j}": sum(b["mass"] for s in seeds for b in s["bridges"]
+                             if b["node"] == f"m{j}") for j in range(n_mid)}
+        mid = [{"node": m, "mass": mass[m]} for m in sorted(mass, key=lambda m: -mass[m])]
+        cases.append({"seeds": seeds, "mid": mid})
+    browser.get("about:blank")
+    orders = browser.execute_script(source[start:end] + """
+        return arguments[0].map((c) => {
+          orderToUncross(c.seeds, c.mid, new Set(c.mid.map((b) => b.node)));
+          return c.mid.map((b) => b.node);
+        });""", cases)
+
+    def count(case: dict, order: Sequence[str]) -> int:
+        rank = {m: i for i, m in enumerate(order)}
+        return _crossings([(i, rank[b["node"]]) for i, s in enumerate(case["seeds"])
+                           for b in s["bridges"]])
+
+    optimal = 0
+    for case, order in zip(cases, orders, strict=True):
+        assert sorted(order) == sorted(b["node"] for b in case["mid"])
+        got = count(case, order)
+        best = min(count(case, p) for p in itertools.permutations(order))
+        assert got <= count(case, [b["node"] for b in case["mid"]])
+        assert best > 0 or got == 0, (case, order)
+        optimal += got == best
+    assert optimal >= 0.95 * len(cases), optimal

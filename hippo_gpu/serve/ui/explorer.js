@@ -314,6 +314,7 @@
     }
     const mid = [...bridges.values()].sort((a, b) => b.mass - a.mass).slice(0, 8);
     const keepMid = new Set(mid.map((b) => b.node));
+    orderToUncross(seeds, mid, keepMid);
     const rows = Math.max(seeds.length, mid.length, 1);
     // lay out in the drawing's own pixels, so labels keep their size at any width
     const W = Math.max(420, Math.round(root.getBoundingClientRect().width) || 760);
@@ -336,6 +337,7 @@
         const line = svg("path", {
           d: curve(xs[0] + box / 2, seedY.get(s.node), xs[1] - box / 2, midY.get(b.node)),
           "stroke-width": width(b.mass), stroke: seedColour(s.phrase), class: "edge",
+          "data-from": s.node, "data-to": b.node,
         });
         line.append(svg("title", {}, `${s.phrase} → ${b.phrase}: ${fmt(b.mass)}`));
         edges.append(line);
@@ -367,6 +369,50 @@
   function curve(x0, y0, x1, y1) {
     const mx = (x0 + x1) / 2;
     return `M ${x0} ${y0} C ${mx} ${y0}, ${mx} ${y1}, ${x1} ${y1}`;
+  }
+
+  function crossings(links, rankOf) {
+    // pairs of seed -> phrase lines that cross: their ends are in opposite orders
+    let n = 0;
+    for (let i = 0; i < links.length; i++) {
+      for (let j = i + 1; j < links.length; j++) {
+        const [a, b] = [links[i], links[j]];
+        if ((a[0] - b[0]) * (rankOf.get(a[1]) - rankOf.get(b[1])) < 0) n++;
+      }
+    }
+    return n;
+  }
+
+  function orderToUncross(seeds, mid, keep) {
+    // The middle column, reordered in place so that seed -> phrase lines cross as little as
+    // this finds: each phrase at the mass-weighted mean row of its seeds (the barycentre
+    // heuristic), then neighbours swapped while a swap removes crossings. The seeds keep
+    // their order (by term); every phrase -> passage line ends at one point and crosses none.
+    const links = [];  // [seed row, phrase node]
+    const pull = new Map(mid.map((b) => [b.node, [0, 0]]));
+    seeds.forEach((s, i) => {
+      for (const b of s.bridges) {
+        if (!keep.has(b.node)) continue;
+        links.push([i, b.node]);
+        const p = pull.get(b.node);
+        p[0] += i * b.mass; p[1] += b.mass;
+      }
+    });
+    const centre = (b) => { const [w, m] = pull.get(b.node); return m > 0 ? w / m : 0; };
+    mid.sort((a, b) => centre(a) - centre(b) || b.mass - a.mass);
+    const rankOf = new Map(mid.map((b, i) => [b.node, i]));
+    let best = crossings(links, rankOf);
+    for (let swapped = true; swapped && best > 0;) {
+      swapped = false;
+      for (let i = 0; i + 1 < mid.length; i++) {
+        [mid[i], mid[i + 1]] = [mid[i + 1], mid[i]];
+        rankOf.set(mid[i].node, i); rankOf.set(mid[i + 1].node, i + 1);
+        const n = crossings(links, rankOf);
+        if (n < best) { best = n; swapped = true; continue; }
+        [mid[i], mid[i + 1]] = [mid[i + 1], mid[i]];
+        rankOf.set(mid[i].node, i); rankOf.set(mid[i + 1].node, i + 1);
+      }
+    }
   }
 
   function node(label, id, x, y, colour, kind, box, chars) {
