@@ -56,8 +56,9 @@ def test_merge_sorted_of_nothing() -> None:
     assert new_rows.tolist() == [0, 1] and alive.tolist() == [False]
 
 
-@pytest.mark.parametrize(("m", "r"), [(1, 1), (7, 3), (2**20, 2**10), (2**31, 4), (2**40, 2**5)],
-                         ids=["one", "small", "keys", "overflow", "huge"])
+@pytest.mark.parametrize(("m", "r"), [(1, 1), (7, 3), (2**20, 2**10), (2**31, 4), (2**40, 2**5),
+                                    (2**40, 1)],
+                         ids=["one", "small", "keys", "overflow", "huge", "huge-one-predicate"])
 def test_lex_search_equals_bisect_on_tuples(m: int, r: int) -> None:
     rng = random.Random(m + r)
 
@@ -70,6 +71,7 @@ def test_lex_search_equals_bisect_on_tuples(m: int, r: int) -> None:
     queries = triples(100) + table[:5] + [table[-1]]
     got = lex_search(np.array(table, dtype=np.int64), np.array(queries, dtype=np.int64), m, r)
     assert got.tolist() == [bisect.bisect_left(table, q) for q in queries]
+    assert got.dtype == np.int64  # row positions, usable as indices
     # packed keys exactly while (m · r) · m stays below 2^62 (no key can overflow int64)
     keys = _rank_keys(np.array(table, dtype=np.int64), m, r)
     assert (keys is None) == (m * r * m >= 2**62)
