@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -292,3 +293,128 @@ def assert_same_rankings_up_to_certified_ties(got: Index, want: Index, encoder: 
         differ, beyond = differ + d, beyond + b
     assert beyond == 0, f"{beyond} differences beyond the certified bounds ({differ} within)"
     print(f"top-10 vs the fresh build: {differ} positions differ within their bounds")
+
+
+@pytest.mark.parametrize(("deleted", "repeat"), [((), "first"), ((3, 7, 11), "first"),
+                                                ((3, 7, 11), "all kept")],
+                         ids=["kept", "revived", "dead parts"])
+def test_repeated_facts_at_the_first_rows_are_found_not_duplicated(enc, sample, base_dir,
+                                                                  tmp_path, deleted, repeat):
+    """A passage whose triples repeat stored facts is linked to those facts, not given copies:
+    here facts whose subject, predicate or object is the first row of its table (the edge of
+    the write plan's search; a first commit stores them) and ("revived") the facts of passages
+    deleted in the same commit, whose phrases may die with them; or ("dead parts") every kept
+    passage's facts while the deleted passages' phrases die, so stored facts with a dead part
+    lie between the ones searched for. Equal to a fresh build."""
+    from hippo_gpu.data import Passage
+
+    def doc_of(passage: Passage, triples: list[list[str]]) -> dict:
+        return {"idx": passage.key, "passage": passage.content, "extracted_triples": triples,
+                "extracted_entities": sorted({x for s, _, o in triples for x in (s, o)})}
+
+    zero = Passage("Zero", "A passage whose names sort first.")
+    zero_doc = doc_of(zero, [["0000 alpha", "000 relates to", "Harrowgate"],
+                             ["Harrowgate", "000 relates to", "0000 alpha"],
+                             ["Harrowgate", "is near", "0000 alpha"]])
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+        assert w.insert([zero], {"docs": [zero_doc]}) == 1
+        w.commit()
+        base = w.index
+        spo = base.facts.spo.reshape(-1, 3).tolist()
+        firsts = [{j for j, t in enumerate(spo) if t[k] == 0} for k in range(3)]
+        assert all(firsts), "no fact starts a table: the case is not exercised"
+        occ, ptr = base.passage_triples.rows, base.passage_triples.ptr
+        owners = {p for p in range(len(base.passage_keys))
+                  if set.union(*firsts) & set(occ[ptr[p]:ptr[p + 1]].tolist())}
+        by_key = {d["idx"]: d for d in [*sample["openie"]["docs"], zero_doc]}
+        gone = {sample["corpus"][i].key for i in deleted}
+        keys = [base.passage_keys[p] for p in sorted(owners)] + sorted(gone) \
+            if repeat == "first" else [k for k in base.passage_keys if k not in gone]
+        echo = Passage("Echo", "A passage that repeats what others say.")
+        echo_doc = doc_of(echo, [t for k in keys for t in by_key[k]["extracted_triples"]])
+        if deleted:
+            w.delete([sample["corpus"][i].key for i in deleted])
+        assert w.insert([echo], {"docs": [echo_doc]}) == 1
+        w.commit()
+        report = w.last_change
+    kept = [p for i, p in enumerate(sample["corpus"][:20]) if i not in deleted]
+    openie = {"docs": [*sample["openie"]["docs"], zero_doc, echo_doc]}
+    want = build_index([*kept, zero, echo], openie, None, encoder=enc, device="cpu")
+    got = load_index(index_dir, device="cpu")
+    assert len(got.facts) == len(want.facts)
+    assert_same_index(got, want)
+    if repeat == "all kept" or not deleted:  # every triple repeats a live fact: none is new
+        assert report.facts_added == 0
+
+
+def test_plan_change_refuses_an_index_without_row_tables(enc, sample, base_dir):
+    """plan_change names what it needs when the index holds its facts as a plain list."""
+    import dataclasses
+
+    from hippo_gpu.versions.delta import Change, plan_change
+
+    base = load_index(base_dir, device="cpu")
+    listed = dataclasses.replace(base, facts=list(base.facts))
+    with pytest.raises(TypeError, match="facts and passage triples are row tables"):
+        plan_change(listed, Change(passages=[], triples=[], removed=np.zeros(0, np.int64)))
+
+
+def _doc_of(passage, triples: list[list[str]]) -> dict:
+    return {"idx": passage.key, "passage": passage.content, "extracted_triples": triples,
+            "extracted_entities": sorted({x for s, _, o in triples for x in (s, o)})}
+
+
+@pytest.mark.parametrize("case", ["replace everything", "dead subject mid-table"])
+def test_changes_at_the_plan_search_edges_equal_a_fresh_build(enc, sample, base_dir, tmp_path,
+                                                             case):
+    """Two edges of the write plan's fact search. "replace everything": one commit deletes every
+    passage and inserts a new one, so no stored fact can be reused (no candidate at all).
+    "dead subject mid-table": a deleted passage's fact keeps its predicate and object but loses
+    its subject, whose name sorts mid-table, while a new passage repeats every kept fact, so
+    the stored facts searched lie on both sides of the dead one."""
+    from hippo_gpu.data import Passage
+
+    zero = Passage("Zero", "A passage whose names sort first.")
+    zero_doc = _doc_of(zero, [["0000 alpha", "000 relates to", "Harrowgate"],
+                              ["Harrowgate", "is near", "0000 alpha"]])
+    doomed = Passage("Doomed", "A passage deleted later.")
+    doomed_doc = _doc_of(doomed, [["mmmm doomed", "is near", "Harrowgate"]])
+    index_dir = copy_index(base_dir, tmp_path / "index")
+    base_keys = [p.key for p in sample["corpus"][:20]]
+    with IndexWriter(index_dir, device="cpu", encoder=enc) as w:
+        if case == "replace everything":
+            w.delete(base_keys)
+            w.insert([zero], {"docs": [zero_doc]})
+            w.commit()
+            final, docs = [zero], [zero_doc]
+        else:
+            w.insert([zero, doomed], {"docs": [zero_doc, doomed_doc]})
+            w.commit()
+            by_key = {d["idx"]: d for d in [*sample["openie"]["docs"], zero_doc]}
+            echo = Passage("Echo", "A passage that repeats what others say.")
+            echo_doc = _doc_of(echo, [t for k in [*base_keys, zero.key]
+                                      for t in by_key[k]["extracted_triples"]])
+            w.delete([doomed.key])
+            w.insert([echo], {"docs": [echo_doc]})
+            w.commit()
+            assert w.last_change.facts_added == 0 and w.last_change.phrases_removed == 1
+            final, docs = [*sample["corpus"][:20], zero, echo], [zero_doc, echo_doc]
+    want = build_index(final, {"docs": [*sample["openie"]["docs"], *docs]}, None, encoder=enc,
+                       device="cpu")
+    assert_same_index(load_index(index_dir, device="cpu"), want)
+
+
+def test_an_index_of_one_fact_takes_a_fact_that_sorts_after_it(enc, tmp_path):
+    """The plan's search over exactly one stored fact, for a new fact beyond it."""
+    from hippo_gpu.data import Passage
+
+    one = Passage("One", "The only passage.")
+    two = Passage("Two", "The next passage.")
+    docs = [_doc_of(one, [["Anna", "knows", "Bert"]]), _doc_of(two, [["Zora", "knows", "Bert"]])]
+    build_index([one], {"docs": docs[:1]}, tmp_path / "index", encoder=enc, device="cpu")
+    with IndexWriter(tmp_path / "index", device="cpu", encoder=enc) as w:
+        w.insert([two], {"docs": docs[1:]})
+        w.commit()
+    want = build_index([one, two], {"docs": docs}, None, encoder=enc, device="cpu")
+    assert_same_index(load_index(tmp_path / "index", device="cpu"), want)
