@@ -110,6 +110,7 @@ def test_block_rows_and_spans() -> None:
     assert block_rows(100_000, 10, 10 * (3 * align + 7)) == 3 * align  # rounded down to align
     assert block_rows(100_000, 10, 10 * 5 * align) == 5 * align
     assert block_rows(100_000, 10, 1) == align  # never below ROW_ALIGN
+    assert block_rows(100_000, 1, 7 * align) == 7 * align  # one byte per row
     assert spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert spans(0, 4) == [(0, 0)]
 
