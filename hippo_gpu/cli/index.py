@@ -56,13 +56,8 @@ def _check_out(out: Path, replace: bool) -> None:
     writable server holds (the server's next write would undo the build); a non-empty folder
     that is no index (its files are not the build's to remove); a place under a file or a
     folder this user cannot write."""
-    from hippo_gpu.storage.directory import (
-        WRITER_LOCK,
-        IndexFormatError,
-        holder_of,
-        is_index_dir,
-        read_manifest,
-    )
+    from hippo_gpu.storage.directory import IndexFormatError, is_index_dir, read_manifest
+    from hippo_gpu.storage.locks import WRITER_LOCK, holder_of
 
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; give a new or empty directory")

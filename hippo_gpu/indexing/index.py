@@ -23,13 +23,8 @@ from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.indexing.graph import fact_text, make_csr
 from hippo_gpu.ppr.basis import PassageBasis
-from hippo_gpu.storage.directory import (
-    IndexFormatError,
-    basis_stats,
-    servers_kept_off,
-    write_version,
-    writer_lock,
-)
+from hippo_gpu.storage.directory import IndexFormatError, basis_stats, write_version
+from hippo_gpu.storage.locks import servers_kept_off, writer_lock
 from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
 __all__ = ["Index", "IndexFormatError", "__version__", "basis_summary", "index_of_files",
@@ -176,7 +171,7 @@ class Index:
         storage/directory.py).
 
         Takes the directory's writer lock: a concurrent writer gets WriterLockedError, and so
-        does this save while a writable server serves the directory (directory.servers_kept_off:
+        does this save while a writable server serves the directory (locks.servers_kept_off:
         the server's next write would undo it).
         """
         with writer_lock(out_dir), servers_kept_off(out_dir):

@@ -34,7 +34,8 @@ from hippo_gpu.errors import DiskFullError
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.write_limits import WriteLimits
-from hippo_gpu.storage.directory import WriterLockedError, claim_for_serving, collect_garbage
+from hippo_gpu.storage.directory import collect_garbage
+from hippo_gpu.storage.locks import WriterLockedError, claim_for_serving
 from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter, compaction_due
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class WritableHolder(SearcherHolder):
     compaction the old base and its segments are removed at once (directory.collect_garbage;
     one another process is reading stays until the next write).
 
-    For its whole life the holder claims the directory (directory.claim_for_serving; `close`
+    For its whole life the holder claims the directory (locks.claim_for_serving; `close`
     releases it): its writer holds the last version in memory and the writer lock only while it
     writes, so a build saved over the directory meanwhile (`hippo-gpu index --replace`) would be
     undone by the next write; the claim makes that save refuse instead.

@@ -33,7 +33,7 @@ segments or segments over a quarter of the base's bytes; the server compacts in 
 once writes pause, or at once when the chain is due (serve/writes.py); `hippo-gpu compact`
 whenever there is a segment or a stale basis.
 
-Durability: one writer at a time (directory.writer_lock, a flock the OS drops if the writer dies);
+Durability: one writer at a time (locks.writer_lock, a flock the OS drops if the writer dies);
 a commit writes its segment directory (fsync) and then switches the manifest atomically;
 readers keep the version they loaded and move to a later one by replaying its segments
 (Searcher.refresh). A full disk at any write of a commit raises DiskFullError naming the file
@@ -82,8 +82,8 @@ from hippo_gpu.storage.directory import (
     read_index_dir,
     read_manifest,
     write_segment,
-    writer_lock,
 )
+from hippo_gpu.storage.locks import writer_lock
 from hippo_gpu.versions.delta import (
     Change,
     NewVectors,

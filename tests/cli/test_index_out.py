@@ -21,7 +21,8 @@ from typer.testing import CliRunner, Result
 from hippo_gpu import build_index, load_index
 from hippo_gpu.cli import app
 from hippo_gpu.sample import paths
-from hippo_gpu.storage.directory import holder_of, read_manifest, writer_lock
+from hippo_gpu.storage.directory import read_manifest
+from hippo_gpu.storage.locks import holder_of, writer_lock
 from tests.cli.helpers import run_app
 from tests.serve.helpers import serve_cli
 
@@ -136,7 +137,7 @@ def test_an_index_a_writable_server_holds_is_never_replaced(index_dir: Path,
     lock); `Index.save` over it is refused as well, the library's own guard."""
     from hippo_gpu import Searcher
     from hippo_gpu.serve.writes import WritableHolder
-    from hippo_gpu.storage.directory import WriterLockedError
+    from hippo_gpu.storage.locks import WriterLockedError
 
     holder = WritableHolder(Searcher(load_index(index_dir, device="cpu")), index_dir,
                             device="cpu", compact_quiet=None)

@@ -19,7 +19,8 @@ from hippo_gpu.data import Passage
 from hippo_gpu.embed import Encoder
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.searcher import Searcher
-from hippo_gpu.storage.directory import MANIFEST, SERVER_LOCK, WRITER_LOCK
+from hippo_gpu.storage.directory import MANIFEST
+from hippo_gpu.storage.locks import SERVER_LOCK, WRITER_LOCK
 from tests.helpers import assert_basis_close, transition_gap
 
 MODES = ("dense", "hipporag2", "hybrid")

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from hippo_gpu import build_index, load_index
 from hippo_gpu.cli import app
-from hippo_gpu.storage.directory import COMMIT_STEPS, MANIFEST, WRITER_LOCK
+from hippo_gpu.storage.directory import COMMIT_STEPS, MANIFEST
+from hippo_gpu.storage.locks import WRITER_LOCK
 from hippo_gpu.versions.writer import IndexWriter
 from tests.versions.index_checks import (
     assert_same_index,

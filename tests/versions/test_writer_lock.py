@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from hippo_gpu import load_index
 from hippo_gpu.cli import app
-from hippo_gpu.storage.directory import WriterLockedError
+from hippo_gpu.storage.locks import WriterLockedError
 from hippo_gpu.versions.writer import IndexWriter
 from tests.versions.index_checks import (
     copy_index,
