@@ -74,7 +74,8 @@ def measure_one(index_dir: str, mode: str, budget: int | None, q: int, top_k: in
     import torch
 
     from hippo_gpu import Searcher, load_index
-    from hippo_gpu.config import ENTITY_MODES, RetrievalConfig
+    from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.retrieval.modes import mode_of
     from hippo_gpu.retrieval.seeds import FACT_BYTES, NODE_VECTORS, PASSAGE_BYTES, plan_chunks
 
     index = load_index(index_dir, device="cpu")
@@ -87,7 +88,7 @@ def measure_one(index_dir: str, mode: str, budget: int | None, q: int, top_k: in
     pairs = [(titles[(i * step) % len(titles)], titles[(i * step + step // 2 + 1) % len(titles)])
              for i in range(q)]
     queries = [f"what links {a} and {b}?" for a, b in pairs]
-    entities = [list(pair) for pair in pairs] if mode in ENTITY_MODES else None
+    entities = [list(pair) for pair in pairs] if mode_of(mode).reads_entities else None
     emb = searcher.encoder.encode_queries(queries, "query_to_passage").to(index.device)
     searcher.rank(queries[:1], top_k=top_k, mode=mode, query_emb=emb[:1],  # one-off costs
                   query_entities=None if entities is None else entities[:1])

@@ -261,8 +261,7 @@ class IndexConfig:
                    ppr_basis=bool(d.get("ppr_basis", False)))
 
 
-MODES = ("hipporag2", "hipporag1", "dense", "hybrid")
-ENTITY_MODES = ("hipporag1", "hybrid")  # the modes that read query entities; others ignore them
+MODES = ("hipporag2", "hipporag1", "dense", "hybrid")  # the names; retrieval.modes the values
 
 
 SOLVER_METHODS = ("auto", "chebyshev", "power", "closed_form")  # hippo_gpu.ppr.PPRSolver's

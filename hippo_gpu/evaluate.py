@@ -20,6 +20,7 @@ from typing import Any
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.data import Question
 from hippo_gpu.retrieval.ircot import STOPS, IRCoTReport, ThoughtSource, ircot_retrieve
+from hippo_gpu.retrieval.modes import Mode, mode_of
 from hippo_gpu.retrieval.results import FactFilter, Ranking
 from hippo_gpu.retrieval.searcher import Searcher
 
@@ -61,7 +62,7 @@ class ModeResult:
 def evaluate_mode(
     searcher: Searcher,
     questions: Sequence[Question],
-    mode: str,
+    mode: str | Mode,
     *,
     top_k: int = 200,
     config: RetrievalConfig | None = None,
@@ -70,6 +71,7 @@ def evaluate_mode(
     batch_size: int | None = None,
 ) -> ModeResult:
     """Run one mode over all questions (in batches of `batch_size`, default all at once)."""
+    how = mode_of(mode)
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
     _ = searcher.encoder  # load the query encoder outside the timed region
@@ -78,7 +80,7 @@ def evaluate_mode(
     start = time.perf_counter()
     for i in range(0, len(texts), bs):
         ents = None if query_entities is None else query_entities[i:i + bs]
-        rankings.append(searcher.rank(texts[i:i + bs], top_k=top_k, mode=mode, config=config,
+        rankings.append(searcher.rank(texts[i:i + bs], top_k=top_k, mode=how, config=config,
                                       fact_filter=fact_filter, query_entities=ents))
     seconds = time.perf_counter() - start
     stage: dict[str, float] = {}
@@ -91,13 +93,13 @@ def evaluate_mode(
             stage[k] = stage.get(k, 0.0) + v
         ranked.extend([] if qi in r.failed else [keys[j] for j in row]
                       for qi, row in enumerate(r.passage_rows.cpu().tolist()))
-        fallbacks += int(r.dense_fallback.sum()) if mode != "dense" else 0
+        fallbacks += int(r.dense_fallback.sum()) if how.runs_ppr else 0
         if r.ppr_bound is not None and r.ppr_refined is not None:
             worst = max(worst, float(r.ppr_bound.max()) if r.ppr_bound.numel() else 0.0)
             refined += int(r.ppr_refined.sum())
         failed += len(r.failed)
     ks = [k for k in RECALL_KS if k <= top_k]
-    return ModeResult(mode=mode, recall=recall_at_k(ranked, gold, ks),
+    return ModeResult(mode=how.name, recall=recall_at_k(ranked, gold, ks),
                       queries_per_s=len(texts) / seconds if seconds > 0 else float("inf"),
                       stage_s=stage, seconds=seconds, dense_fallbacks=fallbacks,
                       ranked_keys=ranked, ppr_max_bound=worst, ppr_refined=refined,
@@ -134,7 +136,7 @@ class IRCoTModeResult:
 def evaluate_ircot(
     searcher: Searcher,
     questions: Sequence[Question],
-    mode: str,
+    mode: str | Mode,
     reason: ThoughtSource,
     *,
     max_steps: int = 3,
@@ -147,6 +149,7 @@ def evaluate_ircot(
     """IRCoT over all questions (batches of `batch_size`, default all at once): recall@k (k <=
     top_k) of each question's merged list, steps per question, thought requests and the time
     of the retrieval and reasoning stages."""
+    how = mode_of(mode)
     texts = [q.question for q in questions]
     gold = [{p.key for p in q.gold} for q in questions]
     _ = searcher.encoder  # load the query encoder outside the timed region
@@ -156,14 +159,14 @@ def evaluate_ircot(
     for i in range(0, len(texts), bs):
         ents = None if query_entities is None else query_entities[i:i + bs]
         report.extend(ircot_retrieve(searcher, texts[i:i + bs], reason, max_steps=max_steps,
-                                     top_k=top_k, mode=mode, config=config,
+                                     top_k=top_k, mode=how, config=config,
                                      fact_filter=fact_filter, query_entities=ents))
     seconds = time.perf_counter() - start
     ranked = [[h.key for h in r.hits] for r in report.results]
     stops = {s: sum(r.stop == s for r in report.results) for s in STOPS}
     n = len(report.results)
     return IRCoTModeResult(
-        mode=mode, max_steps=max_steps,
+        mode=how.name, max_steps=max_steps,
         recall=recall_at_k(ranked, gold, [k for k in RECALL_KS if k <= top_k]),
         mean_steps=sum(r.steps for r in report.results) / max(n, 1), stops=stops,
         thought_requests=report.thought_requests, retrieval_calls=report.retrieval_calls,

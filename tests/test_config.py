@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from hippo_gpu.config import (
-    ENTITY_MODES,
     MODES,
     PPR_METHODS,
     PRECISIONS,
@@ -36,7 +35,7 @@ def test_retrieval_limits_are_validated() -> None:
 
 
 def test_shared_names() -> None:
-    assert set(ENTITY_MODES) <= set(MODES)
+    assert len(set(MODES)) == len(MODES) == 4
     assert "float32" in PRECISIONS and "float64" not in PRECISIONS  # PPR dtypes are separate
     with pytest.raises(ValueError, match="precision"):
         EncoderConfig(precision="float64")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from hippo_gpu.errors import HippoGpuError
+
+if TYPE_CHECKING:
+    from hippo_gpu.retrieval.modes import Mode
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -49,6 +52,17 @@ def fail(msg: str) -> NoReturn:
     "[/x]" is printed as it is, not read as console markup)."""
     err_console.print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(2)
+
+
+def parse_mode(name: str) -> Mode:
+    """The Mode a --mode option names, parsed once where the command starts; a one-line error
+    naming the modes otherwise."""
+    from hippo_gpu.retrieval.modes import mode_of
+
+    try:
+        return mode_of(name.strip())
+    except ValueError as e:
+        fail(str(e))
 
 
 def folder_hint(corpus: Path) -> str:

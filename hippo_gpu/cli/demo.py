@@ -21,14 +21,16 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import console, setup
-from hippo_gpu.config import MODES as ALL_MODES
+from hippo_gpu.retrieval.modes import MODE_LIST, Mode
 
 if TYPE_CHECKING:
     from hippo_gpu.indexing.index import Index
 
-# config.MODES shown baseline first (dense, which the summary compares every other mode with)
-# and the legacy mode last: dense, hipporag2, hybrid, hipporag1
-MODES = tuple(sorted(ALL_MODES, key=lambda m: (m != "dense", m == "hipporag1")))
+# the modes shown baseline first (dense, which the summary compares every other mode with)
+# and the entity-linking legacy mode last: dense, hipporag2, hybrid, hipporag1
+MODES: tuple[Mode, ...] = tuple(sorted(MODE_LIST,
+                                       key=lambda m: (m.runs_ppr, m.linking == "entities")))
+BASELINE, LEGACY = MODES[0], MODES[-1]
 DEEP_K = 10  # the second, deeper cut the summary also reports
 
 
@@ -76,7 +78,7 @@ def _show(idx: Index, top_k: int, n: int) -> None:
     deep_k = max(top_k, DEEP_K)
     shown, found, deep, lucky = {}, {}, {}, {}
     for mode in MODES:
-        ents = entities if mode == "hipporag1" else None
+        ents = entities if mode is LEGACY else None
         shown[mode] = searcher.retrieve(texts, top_k=top_k, mode=mode, query_entities=ents)
         deep_hits = searcher.retrieve(texts, top_k=deep_k, mode=mode, query_entities=ents)
         per_q = [len(g & {h.key for h in hits}) for g, hits in zip(gold, shown[mode])]
@@ -89,8 +91,8 @@ def _show(idx: Index, top_k: int, n: int) -> None:
                             f"* = supporting passage)", title_justify="left")
         table.add_column("#", justify="right")
         for mode in MODES:
-            note = " (no entity)" if mode == "hipporag1" and no_entity[i] else ""
-            table.add_column(mode + note)
+            note = " (no entity)" if mode is LEGACY and no_entity[i] else ""
+            table.add_column(mode.name + note)
         for r in range(top_k):
             cells = []
             for mode in MODES:
@@ -103,16 +105,16 @@ def _show(idx: Index, top_k: int, n: int) -> None:
 
     console.rule("summary")
     for mode in MODES:
-        mark = " *" if mode == "hipporag1" else ""
+        mark = " *" if mode is LEGACY else ""
         deeper = f" (top {deep_k}: {deep[mode]}/{total})" if deep_k > top_k else ""
-        _line(f"{mode:<9} {found[mode]:>2}/{total} supporting passages in the top {top_k}"
+        _line(f"{mode.name:<9} {found[mode]:>2}/{total} supporting passages in the top {top_k}"
               f"{deeper}{mark}")
-    lucky_note = (f"; {lucky['hipporag1']} of its {found['hipporag1']} are on a question with "
-                  "no entity, ranked in corpus order" if lucky["hipporag1"] else "")
+    lucky_note = (f"; {lucky[LEGACY]} of its {found[LEGACY]} are on a question with "
+                  "no entity, ranked in corpus order" if lucky[LEGACY] else "")
     _line(f"* hipporag1 with heuristic entities (capitalised spans){lucky_note}")
     for k, counts in ((top_k, found), (deep_k, deep))[:2 if deep_k > top_k else 1]:
         for mode in MODES[1:]:
-            _line(_verdict(mode, counts[mode], counts["dense"], total, k))
+            _line(_verdict(mode.name, counts[mode], counts[BASELINE], total, k))
     _line("4 questions and 30 passages make an anecdote, not a measurement: the README's table "
           "has recall on real multi-hop data.")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from hippo_gpu.cli.common import ENCODER_HELP, console, err_console, fail, setup
+from hippo_gpu.cli.common import ENCODER_HELP, console, err_console, fail, parse_mode, setup
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -22,13 +22,14 @@ from hippo_gpu.cli.reasoning import (
     make_reasoner,
     reasoner_counts,
 )
-from hippo_gpu.config import ENTITY_MODES, MODES, EncoderConfig, RetrievalConfig, cache_root
+from hippo_gpu.config import MODES, EncoderConfig, RetrievalConfig, cache_root
 
 if TYPE_CHECKING:
     from hippo_gpu.data import Question
     from hippo_gpu.evaluate import IRCoTModeResult, ModeResult
     from hippo_gpu.llm.filter import RecognitionMemoryFilter
     from hippo_gpu.llm.ircot import IRCoTReasoner
+    from hippo_gpu.retrieval.modes import Mode
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
 
@@ -161,10 +162,7 @@ def _evaluate(o: EvalOptions) -> None:
     from hippo_gpu.retrieval.spec import SearcherSpec
 
     n = setup(o.threads)
-    mode_list = [m.strip() for m in o.modes.split(",") if m.strip()]
-    for m in mode_list:
-        if m not in MODES:
-            fail(f"unknown mode {m!r}; choose from {MODES}")
+    mode_list = [parse_mode(m) for m in o.modes.split(",") if m.strip()]
     openie = o.openie or _find_openie(o.data)
     questions = read_questions(o.data / "questions.json")[:o.questions_limit]
     corpus = o.data / "corpus.json"
@@ -181,7 +179,7 @@ def _evaluate(o: EvalOptions) -> None:
     console.print(f"index: {where} ({'built' if built else 'reused'}), {len(questions)} questions, "
                   f"device {idx.device}, precision {idx.precision}, {n} threads")
     entities, entity_source = None, "capitalised spans"
-    if set(ENTITY_MODES) & set(mode_list):
+    if any(m.reads_entities for m in mode_list):
         entities, entity_source = _query_entities(questions, o.query_ner, o.llm)
         console.print(f"query entities (hipporag1, hybrid): {entity_source}")
     reasoner = None
@@ -220,14 +218,15 @@ def _evaluate(o: EvalOptions) -> None:
         _write_per_query(o.per_query, questions, results, ircot_results)
 
 
-def _eval_modes(searcher: Searcher, questions: list[Question], mode_list: list[str], top_k: int,
+def _eval_modes(searcher: Searcher, questions: list[Question], mode_list: list[Mode], top_k: int,
                 cfg: RetrievalConfig, *, fact_filter: RecognitionMemoryFilter | None,
                 entities: list[list[str]] | None) -> dict[str, ModeResult]:
     from hippo_gpu.evaluate import evaluate_mode
+    from hippo_gpu.retrieval.modes import HIPPORAG2  # upstream's fact filter is HippoRAG 2's
 
-    return {m: evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
-                             fact_filter=fact_filter if m == "hipporag2" else None,
-                             query_entities=entities if m in ENTITY_MODES else None)
+    return {m.name: evaluate_mode(searcher, questions, m, top_k=top_k, config=cfg,
+                                  fact_filter=fact_filter if m is HIPPORAG2 else None,
+                                  query_entities=entities if m.reads_entities else None)
             for m in mode_list}
 
 
@@ -283,18 +282,19 @@ def _write_per_query(path: Path, questions: list[Question], results: dict[str, M
     path.write_text(json.dumps(dump, indent=1))
 
 
-def _eval_ircot(searcher: Searcher, questions: list[Question], mode_list: list[str],
+def _eval_ircot(searcher: Searcher, questions: list[Question], mode_list: list[Mode],
                 reasoner: IRCoTReasoner, *, max_steps: int, top_k: int, cfg: RetrievalConfig,
                 fact_filter: object, entities: list[list[str]] | None
                 ) -> dict[str, IRCoTModeResult]:
     from hippo_gpu.evaluate import evaluate_ircot
+    from hippo_gpu.retrieval.modes import HIPPORAG2
 
     out = {}
     for m in mode_list:
-        out[m] = evaluate_ircot(
+        out[m.name] = evaluate_ircot(
             searcher, questions, m, reasoner, max_steps=max_steps, top_k=top_k, config=cfg,
-            fact_filter=fact_filter if m == "hipporag2" else None,  # type: ignore[arg-type]
-            query_entities=entities if m in ENTITY_MODES else None)
+            fact_filter=fact_filter if m is HIPPORAG2 else None,  # type: ignore[arg-type]
+            query_entities=entities if m.reads_entities else None)
     return out
 
 

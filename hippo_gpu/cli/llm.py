@@ -12,7 +12,14 @@ import typer
 from rich.table import Table
 
 from hippo_gpu.cli.common import LLM_HELP as _LLM_HELP
-from hippo_gpu.cli.common import console, fail, folder_hint, note_local_llm, ray_failure
+from hippo_gpu.cli.common import (
+    console,
+    fail,
+    folder_hint,
+    note_local_llm,
+    parse_mode,
+    ray_failure,
+)
 from hippo_gpu.cli.reasoning import (
     DATASET_HELP,
     MAX_STEPS_HELP,
@@ -267,7 +274,8 @@ def _qa_retrieve(o: QAOptions, searcher: Searcher, texts: list[str], backend: Ba
     from hippo_gpu.retrieval.ircot import ircot_retrieve
 
     fact_filter = RecognitionMemoryFilter(backend, llm_cache) if o.llm_filter else None
-    entities = QueryNER(backend, llm_cache)(texts) if o.mode == "hipporag1" else None
+    entities = QueryNER(backend, llm_cache)(texts) if parse_mode(o.mode).linking == "entities" \
+        else None
     if not o.ircot:
         return searcher.retrieve(texts, top_k=max(o.top_k, 10), mode=o.mode,
                                  fact_filter=fact_filter, query_entities=entities), None, {}

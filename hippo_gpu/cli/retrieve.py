@@ -24,6 +24,7 @@ from hippo_gpu.cli.common import (
     console,
     err_console,
     fail,
+    parse_mode,
     ray_failure,
     setup,
 )
@@ -41,6 +42,7 @@ from hippo_gpu.errors import BLANK
 STDIN = Path("-")  # --queries -
 
 if TYPE_CHECKING:
+    from hippo_gpu.retrieval.modes import Mode
     from hippo_gpu.retrieval.results import Hit
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.retrieval.spec import SearcherSpec
@@ -141,8 +143,7 @@ def _checked_spec(o: RetrieveOptions) -> SearcherSpec:
     """The searcher to open, once the options are known to go together."""
     from hippo_gpu.retrieval.spec import SearcherSpec
 
-    if o.mode not in MODES:
-        fail(f"unknown mode {o.mode!r}; choose from {MODES}")
+    parse_mode(o.mode)
     try:
         spec = SearcherSpec(o.index, device=o.device, precision=o.precision, threads=o.threads,
                             encoder_model=o.encoder)
@@ -272,8 +273,7 @@ def query(
 ) -> None:
     """Answer one question: the top passages of an index for it (a query file, in batches and
     resumable: `retrieve`; a running service: `serve`)."""
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; choose from {MODES}")
+    how = parse_mode(mode)
     if not question.strip():
         fail(f"the question {BLANK}")
     from hippo_gpu.retrieval.spec import SearcherSpec
@@ -291,33 +291,33 @@ def query(
     given = None if entities is None else \
         [[e.strip() for e in entities.split(",") if e.strip()]]
     if explain:
-        _show_explained(searcher, index, question, mode, top_k, as_json, given)
+        _show_explained(searcher, index, question, how, top_k, as_json, given)
         return
-    ranking = searcher.rank([question], top_k=top_k, mode=mode, query_entities=given)
+    ranking = searcher.rank([question], top_k=top_k, mode=how, query_entities=given)
     if ranking.failed:
         fail(f"the query has no answer: {ranking.failed[0]}")
     hits = searcher.to_hits(ranking)[0]
     version = searcher.index.version
     used = None if ranking.entities is None else ranking.entities[0]
     if as_json:
-        print(json.dumps({"index": str(index), "version": version, "mode": mode,
+        print(json.dumps({"index": str(index), "version": version, "mode": how.name,
                           "question": question, **({} if used is None else {"entities": used}),
                           "hits": [_hit_json(h, texts) for h in hits]}, ensure_ascii=False))
         return
-    table = _hit_table(f"{index} (version {version}), {mode}: {question}")
+    table = _hit_table(f"{index} (version {version}), {how.name}: {question}")
     for h in hits:
         table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.title, _short(texts[h.row]))
     console.print(table)
-    _say_entities(mode, used)
+    _say_entities(how, used)
 
 
-def _say_entities(mode: str, used: list[str] | None) -> None:
+def _say_entities(mode: Mode, used: list[str] | None) -> None:
     """The entities a hipporag1 or hybrid answer linked, and what none of them means."""
     if used is None:
         return
     if used:
         console.print("entities: " + ", ".join(used), markup=False, highlight=False)
-    elif mode == "hipporag1":
+    elif mode.linking == "entities":
         err_console.print("no entity in the question (no capitalised span): hipporag1 scored "
                           "every passage alike; give them with --entities", markup=False)
     else:
@@ -325,7 +325,7 @@ def _say_entities(mode: str, used: list[str] | None) -> None:
                           "entity ranking", markup=False)
 
 
-def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, top_k: int,
+def _show_explained(searcher: Searcher, where: Path, question: str, mode: Mode, top_k: int,
                     as_json: bool, entities: list[list[str]] | None) -> None:
     """`query --explain`: the hits with their scores split (one term per seed phrase, the
     dense prior, hipporag1's shift), as a table or JSON (explanation_dict)."""
@@ -338,14 +338,14 @@ def _show_explained(searcher: Searcher, where: Path, question: str, mode: str, t
     except QueryFailure as e:
         fail(f"the query has no answer: {e.failures[0]}")
     if as_json:
-        print(json.dumps({"index": str(where), "version": index.version, "mode": mode,
+        print(json.dumps({"index": str(where), "version": index.version, "mode": mode.name,
                           "question": question,
                           "explanation": explanation_dict(ex, index.passage_keys,
                                                           index.passage_titles,
                                                           index.passage_texts)},
                          ensure_ascii=False))
         return
-    table = _hit_table(f"{where} (version {index.version}), {mode}: {question}")
+    table = _hit_table(f"{where} (version {index.version}), {mode.name}: {question}")
     table.add_column("score = seed terms + dense + offset")
     for h in ex.hits:
         terms = [f"{s.phrase} {s.contribution:+.4f}" for s in h.seeds[:3]]

@@ -73,10 +73,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
 from hippo_gpu.progress import progress
 from hippo_gpu.retrieval.batch import BatchReport, QueryRow, answer_rows, check_row, write_answers
+from hippo_gpu.retrieval.modes import mode_of
 from hippo_gpu.retrieval.spec import SearcherSpec
 from hippo_gpu.storage.durable import write_atomic
 from hippo_gpu.storage.parts import RunParts
@@ -404,8 +404,7 @@ def retrieve_ray(
 
 def _check_arguments(*, mode: str, top_k: int, batch_size: int, workers: int, part_size: int,
                      cpus_per_worker: float, gpus_per_worker: float) -> None:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    mode_of(mode)  # ValueError naming the modes
     if min(top_k, batch_size, workers, part_size) < 1:
         raise ValueError("top_k, batch_size, workers and part_size must be >= 1")
     if part_size >= 1 << ROW_BITS:

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hippo_gpu.config import MODES
 from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.retrieval.ircot import ThoughtSource, ircot_retrieve
+from hippo_gpu.retrieval.modes import mode_of
 from hippo_gpu.retrieval.searcher import Searcher
 
 __all__ = ["Passage", "PassageClient", "RemoteRetrievalError"]
@@ -169,8 +169,7 @@ class PassageClient:
 
 def check_mode(mode: str) -> None:
     """Raise ValueError unless `mode` is a retrieval mode these retrievers can run."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    mode_of(mode)  # ValueError: "unknown mode ...; choose one of MODES"
 
 
 def check_ircot_steps(steps: int | None) -> None:

@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hippo_gpu.config import MODES
 from hippo_gpu.data import DataFormatError
 from hippo_gpu.errors import BLANK
 from hippo_gpu.progress import progress
 from hippo_gpu.retrieval.explanation import QueryExplanation
 from hippo_gpu.retrieval.ircot import IRCoTOptions, IRCoTResult, ircot_retrieve
+from hippo_gpu.retrieval.modes import Mode, mode_of
 from hippo_gpu.retrieval.results import QueryFailure
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.storage.durable import write_atomic
@@ -212,7 +212,7 @@ def retrieve_file(
     queries: str | Path,
     out: str | Path,
     *,
-    mode: str = "hipporag2",
+    mode: str | Mode = "hipporag2",
     top_k: int = 10,
     batch_size: int = 64,
     part_size: int = 4096,
@@ -223,8 +223,7 @@ def retrieve_file(
 ) -> BatchReport:
     """Answer every row of `queries` into `out` (see the module docstring; `ircot`: IRCoT
     rows; `explain` adds the decomposition columns)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    how = mode_of(mode)
     if top_k < 1 or batch_size < 1 or part_size < 1:
         raise ValueError("top_k, batch_size and part_size must be >= 1")
     queries, out = Path(queries), Path(out)
@@ -234,7 +233,7 @@ def retrieve_file(
     if fmt == "parquet":
         _pyarrow_parquet()
     parts = RunParts.beside(out, run_file=RUN_FILE, part=PART)
-    identity = _run_identity(queries, searcher, mode, top_k, part_size, ircot, explain)
+    identity = _run_identity(queries, searcher, how.name, top_k, part_size, ircot, explain)
     if parts.resume(identity) is None:  # a new run: every row checked before OUT.parts exists
         _check_rows(queries, skip_bad)
         parts.start(identity)
@@ -254,7 +253,7 @@ def retrieve_file(
         if parts.path(part_no).exists():
             report.resumed += len(good) - len(_read_lines(failed_file))
         else:
-            lines, failed = _answer(searcher, good, mode, top_k, batch_size, report, ircot,
+            lines, failed = _answer(searcher, good, how, top_k, batch_size, report, ircot,
                                     explain)
             if failed:  # committed before its part, so a resumed run finds both
                 write_atomic(failed_file, "".join(failed))
@@ -279,7 +278,7 @@ def retrieve_file(
     return report
 
 
-def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_k: int,
+def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str | Mode, top_k: int,
                 batch_size: int, stage_seconds: dict[str, float] | None = None,
                 ircot: IRCoTOptions | None = None,
                 explain: bool = False) -> list[dict[str, Any]]:
@@ -289,6 +288,7 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
     failed (hippo_gpu.retrieval.results.Ranking.failed) has empty lists and an "error" saying why.
     With `ircot`, each batch runs the IRCoT loop (see the module docstring); with `explain`
     the answers also hold the EXPLAIN_COLUMNS (`Searcher.explain`)."""
+    mode = mode_of(mode)
     out: dict[int, dict[str, Any]] = {}
     with_ents = [r for r in rows if r.entities is not None]
     without = [r for r in rows if r.entities is None]
@@ -319,7 +319,7 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str, top_
 
 
 def _answer_ircot(searcher: Searcher, batch: Sequence[QueryRow],
-                  entities: list[list[str]] | None, mode: str, top_k: int, ircot: IRCoTOptions,
+                  entities: list[list[str]] | None, mode: Mode, top_k: int, ircot: IRCoTOptions,
                   stage_seconds: dict[str, float] | None) -> dict[int, dict[str, Any]]:
     """{row index: answer} of one batch by the IRCoT loop."""
     report = ircot_retrieve(searcher, [r.query for r in batch], ircot.reason,
@@ -343,7 +343,7 @@ def _ircot_answer(row: QueryRow, res: IRCoTResult) -> dict[str, Any]:
     return answer
 
 
-def _explained(searcher: Searcher, texts: list[str], top_k: int, mode: str,
+def _explained(searcher: Searcher, texts: list[str], top_k: int, mode: Mode,
                ents: list[list[str]] | None) -> list[dict[str, Any]]:
     """{"keys", "titles", "scores", *EXPLAIN_COLUMNS} (or "error") of each query."""
     failed: dict[int, str] = {}
@@ -388,7 +388,7 @@ def explain_columns(e: QueryExplanation) -> dict[str, Any]:
     }
 
 
-def _answer(searcher: Searcher, rows: Sequence[QueryRow], mode: str, top_k: int,
+def _answer(searcher: Searcher, rows: Sequence[QueryRow], mode: Mode, top_k: int,
             batch_size: int, report: BatchReport, ircot: IRCoTOptions | None = None,
             explain: bool = False) -> tuple[list[str], list[str]]:
     """(JSON lines of the answers to `rows`, in order; JSON lines of the rows whose retrieval

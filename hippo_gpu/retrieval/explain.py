@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -103,7 +103,7 @@ from hippo_gpu.retrieval.explanation import (
 )
 from hippo_gpu.retrieval.hipporag1 import V1Graph
 from hippo_gpu.retrieval.hybrid import fusion_ranks, fusion_terms
-from hippo_gpu.retrieval.modes import Mode
+from hippo_gpu.retrieval.modes import HIPPORAG1, Mode
 from hippo_gpu.retrieval.results import Hit, Ranking
 from hippo_gpu.retrieval.seeds import NODE_VECTORS, phrase_seeds, reset_vectors
 
@@ -207,11 +207,26 @@ def explain_ranking(index: Index, queries: list[str], hits: list[list[Hit]], ran
                     capture: Capture, mode: Mode, cfg: RetrievalConfig, top_k: int,
                     query_entities: Sequence[Sequence[str]] | None,
                     solver_of: SolverOf) -> list[QueryExplanation]:
-    """The explanation of every query of a ranking from what its `rank` recorded.
+    """The explanation of every query of a ranking from what its `rank` recorded, each naming
+    the entities its ranking linked (`query_entities`, the ranking's own; None: a mode that
+    links none).
 
     Args:
         solver_of: the Searcher's cache of these float64 solvers (SolverOf).
     """
+    out = _explanations(index, queries, hits, ranking, capture, mode, cfg, top_k, query_entities,
+                        solver_of)
+    if query_entities is None:
+        return out
+    return [replace(e, entities=tuple(ents))
+            for e, ents in zip(out, query_entities, strict=True)]
+
+
+def _explanations(index: Index, queries: list[str], hits: list[list[Hit]], ranking: Ranking,
+                  capture: Capture, mode: Mode, cfg: RetrievalConfig, top_k: int,
+                  query_entities: Sequence[Sequence[str]] | None,
+                  solver_of: SolverOf) -> list[QueryExplanation]:
+    """explain_ranking's explanations, before their entities are named."""
     q = len(queries)
     if not capture.cos_parts and capture.v1_graph is None:  # nothing ran: no passage
         return [QueryExplanation(text, mode.name, (), (), (), 0.0, False, ())
@@ -545,7 +560,7 @@ def explain_hipporag1(index: Index, graph: V1Graph, solver: PPRSolver, queries: 
         if len(nodes) == 0:  # v1: uniform 1/P, no seed
             hx = tuple(HitExplanation(h, h.score, (), None, 1.0 / p, _score_slack(h.score,
                                       score_dtype) + 4 * U64) for h in hits[q])
-            out.append(QueryExplanation(query, "hipporag1", hx, (), (), 0.0, False, ()))
+            out.append(QueryExplanation(query, HIPPORAG1.name, hx, (), (), 0.0, False, ()))
             continue
         w = spec[nodes]
         sigma = float(w @ g.keep[nodes])
@@ -579,6 +594,6 @@ def explain_hipporag1(index: Index, graph: V1Graph, solver: PPRSolver, queries: 
                 offset, bound = 1.0, _score_slack(1.0, score_dtype)
             hx_list.append(HitExplanation(h, h.score, tuple(seeds), None, offset, bound))
         seed_objs = _seeds(index, nodes, w, a, (), {}, ents)
-        out.append(QueryExplanation(query, "hipporag1", tuple(hx_list), seed_objs, (), 0.0,
+        out.append(QueryExplanation(query, HIPPORAG1.name, tuple(hx_list), seed_objs, (), 0.0,
                                     False, _phrases(index, seed_objs, hx_list)))
     return out

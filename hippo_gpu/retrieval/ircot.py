@@ -38,7 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from hippo_gpu.config import ENTITY_MODES, MODES, RetrievalConfig
+from hippo_gpu.config import RetrievalConfig
+from hippo_gpu.retrieval.modes import Mode, mode_of
 from hippo_gpu.retrieval.results import FactFilter, Hit
 from hippo_gpu.retrieval.searcher import Searcher
 
@@ -284,7 +285,7 @@ def ircot_retrieve(
     *,
     max_steps: int = 3,
     top_k: int = 10,
-    mode: str = "hipporag2",
+    mode: str | Mode = "hipporag2",
     config: RetrievalConfig | None = None,
     fact_filter: FactFilter | None = None,
     query_entities: Sequence[Sequence[str]] | None = None,
@@ -300,8 +301,7 @@ def ircot_retrieve(
         thought_entities: entities of thoughts for hipporag1 and hybrid (default: the same
             spans, the Searcher's default).
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    how = mode_of(mode)
     index = searcher.index
 
     def retrieve(texts: list[str], step: int) -> list[Retrieved]:
@@ -309,8 +309,8 @@ def ircot_retrieve(
             entities = query_entities
         else:
             entities = thought_entities(texts) if thought_entities is not None and \
-                mode in ENTITY_MODES else None
-        ranking = searcher.rank(texts, top_k=top_k, mode=mode, config=config,
+                how.reads_entities else None
+        ranking = searcher.rank(texts, top_k=top_k, mode=how, config=config,
                                 fact_filter=fact_filter, query_entities=entities)
         for k, v in ranking.stage_seconds.items():
             stages[f"retrieve/{k}"] = stages.get(f"retrieve/{k}", 0.0) + v

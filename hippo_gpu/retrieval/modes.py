@@ -1,7 +1,9 @@
 """The retrieval modes as values: what distinguishes hipporag2, hipporag1, dense and hybrid.
 
-Users name a mode by its string (hippo_gpu.config.MODES); a call looks the `Mode` up once
-(`mode_of`) and the pipeline reads its fields instead of comparing names:
+Users name a mode by its string (hippo_gpu.config.MODES); each edge (the CLI's --mode, the HTTP
+and MCP schemas, the Python entry points Searcher.rank, retrieve_file, ircot_retrieve,
+evaluate_mode) looks the `Mode` up once (`mode_of`) and the code below reads its fields instead
+of comparing names (tests/retrieval/test_modes.py greps the package for a name comparison):
 
     mode       linking    prior     fusion
     hipporag2  facts      minmax    no      upstream HippoRAG 2 (parity)
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from hippo_gpu.config import MODES, RetrievalConfig
 
-__all__ = ["DENSE", "HIPPORAG1", "HIPPORAG2", "HYBRID", "Mode", "mode_of"]
+__all__ = ["DENSE", "HIPPORAG1", "HIPPORAG2", "HYBRID", "MODE_LIST", "Mode", "mode_of"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,18 @@ class Mode:
     prior: str = "minmax"
     fusion: bool = False
 
+    @property
+    def reads_entities(self) -> bool:
+        """Whether the mode reads the query's entities (hipporag1 seeds from them; hybrid fuses
+        an entity ranking); the others ignore any given."""
+        return self.linking == "entities" or self.fusion
+
+    @property
+    def runs_ppr(self) -> bool:
+        """Whether the mode runs a PPR (every mode but dense): only such a ranking can fall
+        back to the dense one or carry a PPR bound."""
+        return self.linking != "none"
+
     def link_k(self, cfg: RetrievalConfig) -> int:
         """Candidate facts per query, facts kept after the filter and phrase seeds kept."""
         return cfg.hybrid_linking_top_k if self.fusion else cfg.linking_top_k
@@ -53,7 +67,8 @@ HIPPORAG2 = Mode("hipporag2", "facts")
 HIPPORAG1 = Mode("hipporag1", "entities")
 DENSE = Mode("dense", "none")
 HYBRID = Mode("hybrid", "facts", prior="softmax", fusion=True)
-_BY_NAME = {m.name: m for m in (HIPPORAG2, HIPPORAG1, DENSE, HYBRID)}
+MODE_LIST = (HIPPORAG2, HIPPORAG1, DENSE, HYBRID)  # config.MODES' order
+_BY_NAME = {m.name: m for m in MODE_LIST}
 # one list of names: config.MODES (tests/retrieval/test_modes.py checks they agree)
 
 

@@ -57,7 +57,7 @@ from hippo_gpu.retrieval.entity_ranker import EntityRanker, check_entities
 from hippo_gpu.retrieval.explain import Capture, explain_ranking
 from hippo_gpu.retrieval.explanation import QueryExplanation
 from hippo_gpu.retrieval.hybrid import hybrid_fusion
-from hippo_gpu.retrieval.modes import Mode, mode_of
+from hippo_gpu.retrieval.modes import DENSE, HIPPORAG2, Mode, mode_of
 from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
 from hippo_gpu.retrieval.query_encoder import QueryEncoder
@@ -179,10 +179,11 @@ class Searcher:
         """Whether the query encoder's tokenizer lower-cases its input (QueryEncoder.uncased)."""
         return self.query_encoder.uncased
 
-    def warm_up(self, modes: Sequence[str] = ("dense", "hipporag2")) -> None:
-        """Load the encoder and build the solvers now, so the first real query does not wait."""
-        for mode in modes:
-            if mode != "hipporag1":
+    def warm_up(self, modes: Sequence[str | Mode] = (DENSE, HIPPORAG2)) -> None:
+        """Load the encoder and build the solvers now, so the first real query does not wait
+        (an entity-linking mode builds nothing ahead: its phrase graph depends on the query)."""
+        for mode in map(mode_of, modes):
+            if mode.linking != "entities":
                 self.rank(["warm-up query"], top_k=1, mode=mode)
 
     def encode_queries(self, queries: list[str],
@@ -224,7 +225,7 @@ class Searcher:
         queries: Sequence[str],
         *,
         top_k: int = 200,
-        mode: str = "hipporag2",
+        mode: str | Mode = "hipporag2",
         config: RetrievalConfig | None = None,
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,
@@ -258,7 +259,7 @@ class Searcher:
             raise QueryFailure(ranking.failed, hits)
         return hits
 
-    def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str = "hipporag2",
+    def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str | Mode = "hipporag2",
                 config: RetrievalConfig | None = None,
                 query_entities: Sequence[Sequence[str]] | None = None
                 ) -> list[QueryExplanation]:
@@ -279,9 +280,6 @@ class Searcher:
         hits = self.to_hits(ranking)
         out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode_of(mode),
                               cfg, top_k, ranking.entities, self._explain_solver)
-        if ranking.entities is not None:
-            out = [replace(e, entities=tuple(ents)) for e, ents in zip(out, ranking.entities,
-                                                                         strict=True)]
         if ranking.failed:
             raise QueryFailure(ranking.failed, hits, explanations=out)
         return out
@@ -307,7 +305,7 @@ class Searcher:
         queries: Sequence[str],
         *,
         top_k: int = 200,
-        mode: str = "hipporag2",
+        mode: str | Mode = "hipporag2",
         config: RetrievalConfig | None = None,
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,

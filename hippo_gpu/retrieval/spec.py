@@ -25,6 +25,7 @@ from typing import cast
 from hippo_gpu.config import MODES, PRECISIONS, EncoderConfig, RetrievalConfig
 from hippo_gpu.device import check_device, resolve_device, set_threads
 from hippo_gpu.indexing.index import Index
+from hippo_gpu.retrieval.modes import mode_of
 from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.versions.load import load_index
@@ -95,7 +96,7 @@ class SearcherSpec:
                              f" (write ({self.warm_up!r},))")
         else:
             modes = tuple(self.warm_up)
-        bad = [m for m in modes if m not in MODES]
+        bad = [m for m in modes if _unknown_mode(m)]
         if bad:
             raise ValueError(f"warm_up modes must be among {MODES}, got {bad}")
         object.__setattr__(self, "warm_up", modes)
@@ -149,3 +150,12 @@ class SearcherSpec:
             raise ValueError(f"the given index was built with encoder "
                              f"{index.config.encoder.model!r}, the spec names "
                              f"{self.encoder_model!r}")
+
+
+def _unknown_mode(name: str) -> bool:
+    """Whether `name` names no mode (retrieval.modes.mode_of refuses it)."""
+    try:
+        mode_of(name)
+    except ValueError:
+        return True
+    return False

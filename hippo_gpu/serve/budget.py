@@ -68,20 +68,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hippo_gpu.config import ENTITY_MODES, MODES
 from hippo_gpu.errors import HippoGpuError
+from hippo_gpu.retrieval.modes import DENSE, HIPPORAG1, HIPPORAG2, HYBRID, MODE_LIST, Mode
 
 __all__ = ["MAX_TEXT_TOKENS", "W_HIT", "W_QUERY", "W_TOKEN", "OverBudgetError", "request_cost"]
 
 MAX_TEXT_TOKENS = 256  # the default encoder's max_seq_length: longer texts are truncated
 W_TOKEN = 0.22  # units per encoded token (measured 0.16-0.19 ms a token)
 W_QUERY = 5.0  # units per query: seeds, PPR, ranking (64 x 10 retrieve: 0.32 s with encoding)
-W_HIT: dict[tuple[bool, str], float] = {  # (explain, mode) -> units per hit
-    **{(False, mode): 0.015 for mode in MODES},  # 64 x 999: 0.92-1.22 s
-    (True, "hipporag2"): 4.0,  # measured 3.9 ms a hit at top_k 999
-    (True, "hybrid"): 4.0,  # 3.9
-    (True, "hipporag1"): 2.2,  # 2.1: the phrase graph's columns, no dense term
-    (True, "dense"): 0.25,  # 0.23: one dense term a hit, no PPR column
+W_HIT: dict[tuple[bool, Mode], float] = {  # (explain, mode) -> units per hit
+    **{(False, mode): 0.015 for mode in MODE_LIST},  # 64 x 999: 0.92-1.22 s
+    (True, HIPPORAG2): 4.0,  # measured 3.9 ms a hit at top_k 999
+    (True, HYBRID): 4.0,  # 3.9
+    (True, HIPPORAG1): 2.2,  # 2.1: the phrase graph's columns, no dense term
+    (True, DENSE): 0.25,  # 0.23: one dense term a hit, no PPR column
 }
 
 
@@ -100,7 +100,7 @@ class OverBudgetError(HippoGpuError, ValueError):
 
 
 def request_cost(queries: Sequence[str], entities: Sequence[Sequence[str]] | None, *,
-                 top_k: int, mode: str, explain: bool, passages: int, steps: int = 1) -> int:
+                 top_k: int, mode: Mode, explain: bool, passages: int, steps: int = 1) -> int:
     """The estimated work of one request, in units (module docstring: the formula, the weights
     and their calibration), rounded up.
 
@@ -108,13 +108,13 @@ def request_cost(queries: Sequence[str], entities: Sequence[Sequence[str]] | Non
         queries: the request's Q query strings.
         entities: one list per query, or None; counted only for the modes that encode them.
         top_k: hits asked per query; at most `passages` are returned.
-        mode: the retrieval mode (config.MODES).
+        mode: the retrieval mode (parsed by the transport: retrieval.modes.mode_of).
         explain: the request is an explain (each hit decomposed) rather than a retrieve.
         passages: P, the passages of the index the request asks.
         steps: IRCoT steps per query (1 without IRCoT).
     """
     tokens = sum(min(len(q), MAX_TEXT_TOKENS) for q in queries)
-    if entities is not None and mode in ENTITY_MODES:
+    if entities is not None and mode.reads_entities:
         tokens += sum(min(len(e), MAX_TEXT_TOKENS) for per_query in entities for e in per_query)
     hits = min(top_k, passages)
     per_request = W_TOKEN * tokens + len(queries) * (W_QUERY + W_HIT[explain, mode] * hits)

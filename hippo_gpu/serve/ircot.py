@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hippo_gpu.retrieval.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
+from hippo_gpu.retrieval.modes import Mode
 from hippo_gpu.retrieval.results import Hit
 from hippo_gpu.serve.service import Answer, RetrievalService, answered_version
 
@@ -30,7 +31,7 @@ __all__ = ["answer_ircot", "trace"]
 
 
 async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries: Sequence[str],
-                       *, top_k: int, mode: str, max_steps: int,
+                       *, top_k: int, mode: Mode, max_steps: int,
                        entities: Sequence[Sequence[str]] | None = None,
                        return_seeds: bool = False, index: str | None = None,
                        transport: str = "http") -> tuple[list[Answer], list[IRCoTResult]]:

@@ -48,6 +48,7 @@ from starlette.types import ASGIApp
 from hippo_gpu.config import MODES
 from hippo_gpu.errors import BLANK
 from hippo_gpu.retrieval.ircot import IRCoTResult, ThoughtSource
+from hippo_gpu.retrieval.modes import mode_of
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import CostLimits, QueryLimits
@@ -179,22 +180,23 @@ class _OneQuery:
                        entities: list[str] | None, *, explain: bool = False,
                        ircot_steps: int | None = None) -> tuple[str, Answer, IRCoTResult | None]:
         """(index name, answer, IRCoT result when `ircot_steps`)."""
-        _check_arguments(query, mode, entities)
+        _check_arguments(query, entities)
+        how = mode_of(mode)  # the tool's schema admits only config.MODES
         service = self.service
         ents = None if entities is None else [entities]
         result = None
         try:
             served = service.get(index)
-            service.admit(self.budget, [query], top_k=top_k, mode=mode, entities=ents,
+            service.admit(self.budget, [query], top_k=top_k, mode=how, entities=ents,
                           index=served.name, explain=explain, steps=ircot_steps or 1)
             if ircot_steps is None:
                 answers = await service.retrieve(
-                    [query], top_k=top_k, mode=mode, index=served.name, entities=ents,
+                    [query], top_k=top_k, mode=how, index=served.name, entities=ents,
                     transport="mcp", explain=explain)
             else:
                 assert self.reasoner is not None  # the tool is registered only with one
                 answers, results = await answer_ircot(
-                    service, self.reasoner, [query], top_k=top_k, mode=mode,
+                    service, self.reasoner, [query], top_k=top_k, mode=how,
                     max_steps=ircot_steps, entities=ents, index=served.name, transport="mcp")
                 result = results[0]
         except _SHARED_ERRORS as e:
@@ -285,7 +287,7 @@ def _add_index_tools(server: MCPServer, service: RetrievalService) -> None:
                                 "hold it")(passage)  # fmt: skip
 
 
-def _check_arguments(query: str, mode: str, entities: list[str] | None) -> None:
+def _check_arguments(query: str, entities: list[str] | None) -> None:
     """What the input schema cannot say: blank text (the message every surface gives)."""
     if not query.strip():
         raise ToolError(f"query {BLANK}")

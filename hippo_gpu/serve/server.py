@@ -88,7 +88,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from hippo_gpu.config import ENTITY_MODES
+from hippo_gpu.retrieval.modes import mode_of
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
@@ -388,24 +388,25 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
 
     async def retrieve(req: RetrieveRequest) -> JSONResponse:
         traces = None
+        mode = mode_of(req.mode)  # the schema admits only config.MODES
         steps = req.ircot.max_steps if req.ircot is not None and reasoner is not None else 1
-        service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
+        service.admit(config.cost, req.queries, top_k=req.top_k, mode=mode,
                       entities=req.entities, index=req.index, steps=steps)
         if req.ircot is not None and reasoner is not None:
             answers, results = await answer_ircot(
-                service, reasoner, req.queries, top_k=req.top_k, mode=req.mode,
+                service, reasoner, req.queries, top_k=req.top_k, mode=mode,
                 max_steps=req.ircot.max_steps, entities=req.entities,
                 return_seeds=req.return_seeds, index=req.index)
             traces = [trace(r) for r in results]
         else:
             answers = await service.retrieve(
-                req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+                req.queries, top_k=req.top_k, mode=mode, entities=req.entities,
                 return_seeds=req.return_seeds, index=req.index, transport="http")
         errors = _errors(answers)
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
         body["version"] = answered_version(answers)
-        if req.mode in ENTITY_MODES:
+        if mode.reads_entities:
             body["entities"] = [a.entities for a in answers]
         if traces is not None:
             body["ircot"] = traces
@@ -432,10 +433,11 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
     """POST /v1/explain: retrieve's request (and limits) answered by Searcher.explain."""
 
     async def explain(req: Any) -> JSONResponse:
-        service.admit(config.cost, req.queries, top_k=req.top_k, mode=req.mode,
+        mode = mode_of(req.mode)
+        service.admit(config.cost, req.queries, top_k=req.top_k, mode=mode,
                       entities=req.entities, index=req.index, explain=True)
         answers = await service.retrieve(
-            req.queries, top_k=req.top_k, mode=req.mode, entities=req.entities,
+            req.queries, top_k=req.top_k, mode=mode, entities=req.entities,
             index=req.index, transport="http", explain=True)
         errors = _errors(answers)
         body: dict[str, Any] = {"explanations": [a.explanation for a in answers]}

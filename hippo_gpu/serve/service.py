@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hippo_gpu.config import ENTITY_MODES
 from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.retrieval.explanation import explanation_dict
+from hippo_gpu.retrieval.modes import Mode
 from hippo_gpu.retrieval.results import Hit, QueryFailure
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import (
@@ -130,7 +130,7 @@ def parse_index_specs(values: Sequence[str]) -> dict[str, Path]:
 
 
 class BatchKey(NamedTuple):
-    mode: str
+    mode: Mode
     top_k: int
     return_seeds: bool
     with_entities: bool  # every query of the batch carries its entities, or none does
@@ -346,7 +346,7 @@ class RetrievalService:
     def accepting(self) -> bool:
         return all(s.batcher.accepting for s in self.indexes.values())
 
-    def admit(self, limits: CostLimits, queries: Sequence[str], *, top_k: int, mode: str,
+    def admit(self, limits: CostLimits, queries: Sequence[str], *, top_k: int, mode: Mode,
               entities: Sequence[Sequence[str]] | None = None, index: str | None = None,
               explain: bool = False, steps: int = 1) -> int:
         """The request's estimated work (serve/budget.request_cost) on index `index`, when it is
@@ -364,7 +364,7 @@ class RetrievalService:
             raise OverBudgetError(cost, limits.max_request_cost)
         return cost
 
-    async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: str,
+    async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: Mode,
                        entities: Sequence[Sequence[str]] | None = None,
                        return_seeds: bool = False, index: str | None = None,
                        transport: str = "http", explain: bool = False) -> list[Answer]:
@@ -380,7 +380,7 @@ class RetrievalService:
             QueueFullError, BatcherClosedError: see MicroBatcher.submit (and are counted).
         """
         served = self.get(index)
-        with_entities = entities is not None and mode in ENTITY_MODES
+        with_entities = entities is not None and mode.reads_entities
         batch = [Query(q, list(entities[i]) if with_entities and entities is not None else None)
                  for i, q in enumerate(queries)]  # fmt: skip
         key = BatchKey(mode, top_k, return_seeds, with_entities, explain)
@@ -402,7 +402,7 @@ class RetrievalService:
         finally:
             if self.metrics is not None:
                 self.metrics.observe_retrieve(
-                    index=served.name, mode=mode, transport=transport, status=status,
+                    index=served.name, mode=mode.name, transport=transport, status=status,
                     queries=len(batch),
                     seconds=time.monotonic() - started if status == "ok" else None)
 

@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
+from hippo_gpu.retrieval.modes import DENSE, HIPPORAG1, HIPPORAG2, HYBRID  # noqa: E402
 from hippo_gpu.serve.budget import OverBudgetError, request_cost  # noqa: E402
 from hippo_gpu.serve.config import CostLimits, QueryLimits  # noqa: E402
 from hippo_gpu.serve.server import ServerConfig, create_app  # noqa: E402
@@ -33,21 +34,21 @@ WIDEST = [f"{QUERIES[i % 3]} ({i})" for i in range(64)]
 
 @pytest.mark.parametrize(("args", "want"), [
     # 0.22 x 4 tokens + 5 + 4.0 x 10 hits = 45.88
-    (dict(queries=["abcd"], entities=None, top_k=10, mode="hipporag2", explain=True), 46),
+    (dict(queries=["abcd"], entities=None, top_k=10, mode=HIPPORAG2, explain=True), 46),
     # a text counts at most 256 tokens: 0.22 x 256 + 5 + 0.015 x 10 = 61.47
-    (dict(queries=["x" * 1000], entities=None, top_k=10, mode="hipporag2", explain=False), 62),
+    (dict(queries=["x" * 1000], entities=None, top_k=10, mode=HIPPORAG2, explain=False), 62),
     # hybrid encodes the entities: 0.22 x (2 + 3 + 2) + 5 + 0.015 = 6.555
-    (dict(queries=["ab"], entities=[["abc", "de"]], top_k=1, mode="hybrid", explain=False), 7),
+    (dict(queries=["ab"], entities=[["abc", "de"]], top_k=1, mode=HYBRID, explain=False), 7),
     # hipporag2 ignores them: 0.22 x 2 + 5 + 0.015 = 5.455
-    (dict(queries=["ab"], entities=[["abc", "de"]], top_k=1, mode="hipporag2", explain=False),
+    (dict(queries=["ab"], entities=[["abc", "de"]], top_k=1, mode=HIPPORAG2, explain=False),
      6),
     # at most P = 30 hits: 0.22 + 5 + 0.25 x 30 = 12.72
-    (dict(queries=["a"], entities=None, top_k=999, mode="dense", explain=True), 13),
+    (dict(queries=["a"], entities=None, top_k=999, mode=DENSE, explain=True), 13),
     # hipporag1 explained, two queries: 2 x (0.22 x 1 + 5 + 2.2 x 30) + 0.22 x 3 = 143.10
-    (dict(queries=["a", "b"], entities=[["abc"], []], top_k=40, mode="hipporag1",
+    (dict(queries=["a", "b"], entities=[["abc"], []], top_k=40, mode=HIPPORAG1,
           explain=True), 144),
     # three IRCoT steps: 3 x (0.22 x 2 + 5 + 0.015 x 5) = 16.545
-    (dict(queries=["ab"], entities=None, top_k=5, mode="hipporag2", explain=False, steps=3),
+    (dict(queries=["ab"], entities=None, top_k=5, mode=HIPPORAG2, explain=False, steps=3),
      17),
 ])
 def test_the_estimate_is_the_formula(args: dict[str, Any], want: int) -> None:
@@ -57,12 +58,12 @@ def test_the_estimate_is_the_formula(args: dict[str, Any], want: int) -> None:
 def test_the_issues_request_is_far_over_the_default_budget() -> None:
     limit = CostLimits().max_request_cost
     # on musique (1,890 passages) every query asks 999 explained hits: 64 x 999 x 4 units
-    assert request_cost(WIDEST, None, top_k=999, mode="hipporag2", explain=True,
+    assert request_cost(WIDEST, None, top_k=999, mode=HIPPORAG2, explain=True,
                         passages=1_890) > 64 * 999 * 4 > 50 * limit
     # one such query, or 64 retrieved at top_k 999, fit (3.9 s and 1.2 s measured)
-    assert request_cost(WIDEST[:1], None, top_k=999, mode="hipporag2", explain=True,
+    assert request_cost(WIDEST[:1], None, top_k=999, mode=HIPPORAG2, explain=True,
                         passages=1_890) <= limit
-    assert request_cost(WIDEST, None, top_k=999, mode="hipporag2", explain=False,
+    assert request_cost(WIDEST, None, top_k=999, mode=HIPPORAG2, explain=False,
                         passages=1_890) <= limit
 
 
@@ -102,7 +103,7 @@ def test_an_over_budget_explain_gets_413_at_once_and_the_server_keeps_serving(
         assert encoded == []  # the estimate reads the request alone: no model call
         body = r.json()
         assert set(body) == {"detail", "estimate", "limit"}
-        assert body["estimate"] == request_cost(WIDEST, None, top_k=999, mode="hipporag2",
+        assert body["estimate"] == request_cost(WIDEST, None, top_k=999, mode=HIPPORAG2,
                                                 explain=True, passages=passages)
         assert body["limit"] == limit < body["estimate"]
         assert f"estimated {body['estimate']} work units" in body["detail"]

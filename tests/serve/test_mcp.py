@@ -245,6 +245,7 @@ def test_streamable_http_with_token(sample_searcher: Any) -> None:
 def test_the_tools_keep_the_work_budget(sample_searcher: Any) -> None:
     """A call over `ServerConfig.cost` is a tool error naming the estimate and the limit (the
     estimate of serve/budget.py, as HTTP's 413), counted; the session goes on."""
+    from hippo_gpu.retrieval.modes import HIPPORAG2
     from hippo_gpu.serve.budget import request_cost
     from hippo_gpu.serve.config import CostLimits
     from tests.serve.prometheus_samples import delta, scrape
@@ -260,7 +261,7 @@ def test_the_tools_keep_the_work_budget(sample_searcher: Any) -> None:
                 r = await client.call_tool("explain", {"query": QUESTIONS[0], "top_k": 30})
                 assert r.is_error
                 text = r.content[0].text
-                estimate = request_cost([QUESTIONS[0]], None, top_k=30, mode="hipporag2",
+                estimate = request_cost([QUESTIONS[0]], None, top_k=30, mode=HIPPORAG2,
                                         explain=True, passages=passages)
                 assert f"estimated {estimate} work units" in text and "limit of 60" in text
                 assert QUESTIONS[0] not in text
