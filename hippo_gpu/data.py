@@ -73,8 +73,15 @@ def passage_key(content: str) -> str:
 
 @dataclass(frozen=True)
 class Passage:
+    """One corpus passage. Its identity is its content (`key`); `id` and `metadata` are the
+    user's own label of it (a corpus item's optional "id" and "metadata"), carried to every hit
+    and through every write (indexing/labels.py), and not part of its identity: two passages
+    of the same title and text are the same passage whatever their labels."""
+
     title: str
     text: str
+    id: str | None = field(default=None, compare=False)
+    metadata: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def content(self) -> str:
@@ -168,13 +175,41 @@ def _passage_from(item: Any, where: str) -> Passage:
     title = item.get("title", "")
     if not isinstance(text, str) or not isinstance(title, str):
         raise DataFormatError(f"{where}: 'title' and 'text' must be strings")
-    return Passage(title=title, text=text)
+    return Passage(title=title, text=text, id=_label_id(item.get("id"), where),
+                   metadata=_label_metadata(item.get("metadata"), where))
+
+
+def _label_id(value: Any, where: str) -> str | None:
+    """A passage's own id: a non-blank string or an integer (kept as its decimal string)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise DataFormatError(f"{where}: 'id' must be a non-blank string or an integer")
+    return value
+
+
+def _label_metadata(value: Any, where: str) -> dict[str, Any] | None:
+    """A passage's metadata: a JSON object (string keys, JSON values), stored as given."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise DataFormatError(f"{where}: 'metadata' must be an object with string keys")
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise DataFormatError(f"{where}: 'metadata' must hold JSON values only "
+                              f"({type(e).__name__})") from e
+    return value
 
 
 def read_corpus(source: str | Path | Sequence[dict[str, Any]]) -> list[Passage]:
-    """Read a corpus JSON: a list of {"title", "text"} objects (extra keys ignored).
+    """Read a corpus JSON: a list of {"title", "text"} objects, each with an optional "id"
+    (a string or an integer) and "metadata" (a JSON object); other keys are ignored.
 
-    Duplicate passages (same title and text) are an error: they would share one chunk key.
+    Duplicate passages (same title and text) are an error: they would share one chunk key; so
+    are two passages with one id.
     """
     items = _load_json(source) if isinstance(source, (str, Path)) else source
     src = describe_source(source, "corpus")
@@ -199,7 +234,8 @@ def as_passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]
         _check_unique(passages, describe_source(items, "corpus"))
         return passages
     dicts: list[dict[str, Any]] = [
-        {"title": p.title, "text": p.text} if isinstance(p, Passage) else p  # type: ignore[misc]
+        {"title": p.title, "text": p.text, "id": p.id, "metadata": p.metadata}
+        if isinstance(p, Passage) else p  # type: ignore[misc]
         for p in items
     ]
     return read_corpus(dicts)
@@ -207,6 +243,7 @@ def as_passages(corpus: str | Path | Sequence[Passage] | Sequence[dict[str, Any]
 
 def _check_unique(passages: Sequence[Passage], src: str) -> None:
     seen: dict[str, int] = {}
+    ids: dict[str, int] = {}
     for i, p in enumerate(passages):
         if p.key in seen:
             raise DataFormatError(
@@ -214,6 +251,11 @@ def _check_unique(passages: Sequence[Passage], src: str) -> None:
                 f"{short(p.title)}); remove duplicates, they would share one passage node"
             )
         seen[p.key] = i
+        if p.id is not None:
+            if p.id in ids:
+                raise DataFormatError(f"{src}: corpus[{i}] has the id {short(p.id)} of "
+                                      f"corpus[{ids[p.id]}]; ids name one passage each")
+            ids[p.id] = i
 
 
 def read_questions(source: str | Path | Sequence[dict[str, Any]]) -> list[Question]:

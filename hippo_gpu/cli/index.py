@@ -277,6 +277,8 @@ def delete(
                                                 "per line"),
     titles: Path | None = typer.Option(None, help="file with one passage title per line "
                                                   "(every passage with that title goes)"),
+    ids: Path | None = typer.Option(None, help="file with one passage id (the corpus items' "
+                                               '"id") per line'),
     threads: int | None = typer.Option(None, help="CPU threads (torch and faiss)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -284,18 +286,21 @@ def delete(
     from hippo_gpu.versions.writer import IndexWriter
 
     n = setup(threads, verbose)
-    if (keys is None) == (titles is None):
-        fail("give exactly one of --keys FILE or --titles FILE")
-    source = keys or titles
-    assert source is not None
+    given = [(name, f) for name, f in (("keys", keys), ("titles", titles), ("ids", ids))
+             if f is not None]
+    if len(given) != 1:
+        fail("give exactly one of --keys FILE, --titles FILE or --ids FILE")
+    what, source = given[0]
     try:
         lines = [ln.strip() for ln in source.read_text(encoding="utf-8").splitlines()]
         lines = [ln for ln in lines if ln]
         if not lines:
-            fail(f"{source}: no keys or titles in the file")
+            fail(f"{source}: no {what} in the file")
         with IndexWriter(path, device="cpu", verify=False) as w:
-            if keys is not None:
+            if what == "keys":
                 w.delete(lines)
+            elif what == "ids":
+                w.delete_ids(lines)
             else:
                 w.delete_titles(lines)
             w.commit()

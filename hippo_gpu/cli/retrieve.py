@@ -267,6 +267,9 @@ def query(
                                       "and one for the dense prior (Searcher.explain)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: the hits "
                                                        "(and the explanation) as served"),
+    where: str | None = typer.Option(
+        None, "--where", help='a metadata filter as JSON, e.g. \'{"year": 2020}\': only '
+                              "passages whose own metadata match (applied after the PPR)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     encoder: str | None = typer.Option(None, help=QUERY_ENCODER_HELP),
     threads: int | None = typer.Option(None, help="CPU threads"),
@@ -274,6 +277,7 @@ def query(
     """Answer one question: the top passages of an index for it (a query file, in batches and
     resumable: `retrieve`; a running service: `serve`)."""
     how = parse_mode(mode)
+    wanted = _parse_where(where)
     if not question.strip():
         fail(f"the question {BLANK}")
     from hippo_gpu.retrieval.spec import SearcherSpec
@@ -291,9 +295,10 @@ def query(
     given = None if entities is None else \
         [[e.strip() for e in entities.split(",") if e.strip()]]
     if explain:
-        _show_explained(searcher, index, question, how, top_k, as_json, given)
+        _show_explained(searcher, index, question, how, top_k, as_json, given, wanted)
         return
-    ranking = searcher.rank([question], top_k=top_k, mode=how, query_entities=given)
+    ranking = searcher.rank([question], top_k=top_k, mode=how, query_entities=given,
+                            where=wanted)
     if ranking.failed:
         fail(f"the query has no answer: {ranking.failed[0]}")
     hits = searcher.to_hits(ranking)[0]
@@ -306,7 +311,9 @@ def query(
         return
     table = _hit_table(f"{index} (version {version}), {how.name}: {question}")
     for h in hits:
-        table.add_row(str(h.rank + 1), f"{h.score:.4f}", h.title, _short(texts[h.row]))
+        own = "" if h.id is None else f" [{escape(h.id)}]"  # the passage's own id
+        table.add_row(str(h.rank + 1), f"{h.score:.4f}", escape(h.title) + own,
+                      _short(texts[h.row]))
     console.print(table)
     _say_entities(how, used)
 
@@ -325,8 +332,26 @@ def _say_entities(mode: Mode, used: list[str] | None) -> None:
                           "entity ranking", markup=False)
 
 
+def _parse_where(text: str | None) -> dict[str, Any] | None:
+    """--where's JSON, checked (a one-line error naming what is wrong)."""
+    if text is None:
+        return None
+    from hippo_gpu.data import DataFormatError
+    from hippo_gpu.indexing.labels import check_filter
+
+    try:
+        where = json.loads(text)
+        check_filter(where)
+    except json.JSONDecodeError as e:
+        fail(f"--where is not JSON ({e.msg} at column {e.colno})")
+    except DataFormatError as e:
+        fail(f"--where: {e}")
+    return dict(where)
+
+
 def _show_explained(searcher: Searcher, where: Path, question: str, mode: Mode, top_k: int,
-                    as_json: bool, entities: list[list[str]] | None) -> None:
+                    as_json: bool, entities: list[list[str]] | None,
+                    wanted: dict[str, Any] | None = None) -> None:
     """`query --explain`: the hits with their scores split (one term per seed phrase, the
     dense prior, hipporag1's shift), as a table or JSON (explanation_dict)."""
     from hippo_gpu.retrieval.explanation import explanation_dict
@@ -334,7 +359,8 @@ def _show_explained(searcher: Searcher, where: Path, question: str, mode: Mode, 
 
     index = searcher.index
     try:
-        ex = searcher.explain([question], top_k=top_k, mode=mode, query_entities=entities)[0]
+        ex = searcher.explain([question], top_k=top_k, mode=mode, query_entities=entities,
+                              where=wanted)[0]
     except QueryFailure as e:
         fail(f"the query has no answer: {e.failures[0]}")
     if as_json:
@@ -377,8 +403,10 @@ def _hit_table(title: str) -> Table:
 
 
 def _hit_json(h: Hit, texts: Sequence[str]) -> dict[str, Any]:
+    from hippo_gpu.retrieval.results import label_fields
+
     return {"key": h.key, "title": h.title, "text": texts[h.row], "score": float(h.score),
-            "rank": h.rank}
+            "rank": h.rank, **label_fields(h.id, h.metadata)}
 
 
 def _short(text: str, limit: int = 160) -> str:

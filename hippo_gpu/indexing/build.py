@@ -45,6 +45,7 @@ from hippo_gpu.indexing.graph import (
     phrase_passage_counts,
 )
 from hippo_gpu.indexing.index import Index, triple_report
+from hippo_gpu.indexing.labels import PassageLabels
 from hippo_gpu.indexing.synonyms import synonym_edges
 from hippo_gpu.ppr.basis import PassageBasis, solve_basis
 from hippo_gpu.tables import PassageTriples
@@ -244,6 +245,7 @@ def assemble_index(
         synonym_dst=torch.from_numpy(synonyms.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(synonyms.score.astype(np.float32)),
         basis=basis,
+        labels=PassageLabels.of(state.passages),
     )
 
 

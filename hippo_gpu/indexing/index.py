@@ -22,6 +22,7 @@ from hippo_gpu.config import IndexConfig, __version__
 from hippo_gpu.data import Triple
 from hippo_gpu.device import precision_dtype, resolve_device
 from hippo_gpu.indexing.graph import fact_text, make_csr
+from hippo_gpu.indexing.labels import PassageLabels
 from hippo_gpu.ppr.basis import PassageBasis
 from hippo_gpu.storage.directory import IndexFormatError, basis_stats, write_version
 from hippo_gpu.storage.locks import servers_kept_off, writer_lock
@@ -51,6 +52,9 @@ class Index:
     `basis` is the passage basis of the graph (hippo_gpu.ppr.basis: Z [P, D], z1 [P], h [N],
     float64 at every precision), solved at build and commit time when `config.ppr_basis`, else
     None (also for versions written before it existed). It is stored as basis.safetensors.
+
+    `labels` holds the user's own ids and metadata of the labelled passages, by passage key
+    (indexing/labels.py); stored in the base's tables as "passage_labels" when there are any.
 
     `precision` is the dtype of the device-resident embeddings, hence of every cosine computed
     from them: "float32" (the default on every device) unless "float16" or "bfloat16" is asked
@@ -92,6 +96,7 @@ class Index:
     precision: str = "float32"
     predicates: Sequence[str] = field(default_factory=list)  # [R] when facts is a FactTable
     basis: PassageBasis | None = None
+    labels: PassageLabels = field(default_factory=PassageLabels)  # the user's ids and metadata
 
     @property
     def phrase_keys(self) -> list[str]:
@@ -227,8 +232,10 @@ class Index:
         }
         if self.basis is not None:
             tensors["basis"] = self.basis.tensors()
-        tables = {"tables": {"passage_malformed": {str(i): m for i, m in
-                                                   enumerate(self.passage_malformed) if m}}}
+        tables: dict[str, dict[str, Any]] = {"tables": {"passage_malformed": {
+            str(i): m for i, m in enumerate(self.passage_malformed) if m}}}
+        if self.labels:  # an unlabelled index's files are as they were before labels existed
+            tables["tables"]["passage_labels"] = self.labels.to_json()
         strings = {"passage_keys": self.passage_keys, "passage_titles": self.passage_titles,
                    "passage_texts": self.passage_texts, "phrases": self.phrases,
                    "predicates": facts.predicates}
@@ -352,7 +359,18 @@ def _index_of(path: Path, manifest: dict[str, Any], config: IndexConfig,
         synonym_score=g["synonym_score"],
         path=path,
         version=manifest.get("version"),
+        labels=_labels_of(path, t.get("passage_labels")),
     )
+
+
+def _labels_of(path: Path, data: Any) -> PassageLabels:
+    """The base's stored labels (none for a version written without any)."""
+    if data is None:
+        return PassageLabels()
+    try:
+        return PassageLabels.from_json(data)
+    except ValueError as err:
+        raise IndexFormatError(f"{path}: malformed passage labels ({err})") from err
 
 
 def _basis_of(t: dict[str, torch.Tensor] | None, index: Index) -> PassageBasis | None:

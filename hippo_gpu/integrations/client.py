@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hippo_gpu.errors import HippoGpuError
@@ -54,6 +54,17 @@ class Passage:
     score: float
     rank: int  # 0-based position in the ranking
     row: int | None  # passage row in the index; None over HTTP (the server does not send it)
+    id: str | None = None  # the passage's own id (its corpus item's "id"), if any
+    metadata: dict[str, Any] | None = field(default=None, hash=False)  # its own metadata
+
+    def document_id(self) -> str:
+        """The id a framework document carries: the passage's own, else its key."""
+        return self.key if self.id is None else self.id
+
+    def document_metadata(self, **ours: Any) -> dict[str, Any]:
+        """A framework document's metadata: the passage's own, then "key" and `ours` (the
+        retriever's fields, which win over an own field of the same name)."""
+        return {**(self.metadata or {}), "key": self.key, **ours}
 
 
 class PassageClient:
@@ -102,9 +113,11 @@ class PassageClient:
         self._lock = threading.Lock()
 
     def retrieve(self, queries: Sequence[str], *, k: int, mode: str,
-                 ircot_steps: int | None = None) -> list[list[Passage]]:
+                 ircot_steps: int | None = None, where: dict[str, Any] | None = None
+                 ) -> list[list[Passage]]:
         """Top-k passages for each query, best first, from one batched retrieval (with
-        `ircot_steps`: the merged IRCoT list, one batched retrieval per step).
+        `ircot_steps`: the merged IRCoT list, one batched retrieval per step; `where`: a
+        metadata filter, Searcher.retrieve's).
 
         `mode` is one of hippo_gpu.config.MODES; hipporag1 and hybrid link the capitalised
         spans of each query (the LLM-free extractor, hippo_gpu.retrieval.entities), as every
@@ -114,31 +127,33 @@ class PassageClient:
         if not queries:
             return []
         if self.searcher is not None:
-            return self._local(self.searcher, queries, k, mode, ircot_steps)
+            return self._local(self.searcher, queries, k, mode, ircot_steps, where)
         import httpx
 
         with httpx.Client(timeout=self.timeout, headers=self._headers) as http:
             out: list[list[Passage]] = []
             for chunk in self._chunks(queries):
-                response = http.post(self._endpoint, json=_body(chunk, k, mode, ircot_steps))
+                response = http.post(self._endpoint,
+                                     json=_body(chunk, k, mode, ircot_steps, where))
                 out.extend(_parse(response, chunk))
             return out
 
     async def aretrieve(self, queries: Sequence[str], *, k: int, mode: str,
-                        ircot_steps: int | None = None) -> list[list[Passage]]:
+                        ircot_steps: int | None = None, where: dict[str, Any] | None = None
+                        ) -> list[list[Passage]]:
         """Async `retrieve`: httpx.AsyncClient in URL mode, a worker thread in local mode."""
         queries = _check(queries, k, mode, ircot_steps)
         if not queries:
             return []
         if self.searcher is not None:
             return await asyncio.to_thread(self._local, self.searcher, queries, k, mode,
-                                           ircot_steps)
+                                           ircot_steps, where)
         import httpx
 
         async with httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as http:
             chunks = self._chunks(queries)
             responses = await asyncio.gather(
-                *(http.post(self._endpoint, json=_body(c, k, mode, ircot_steps))
+                *(http.post(self._endpoint, json=_body(c, k, mode, ircot_steps, where))
                   for c in chunks))
         return [p for r, c in zip(responses, chunks) for p in _parse(r, c)]
 
@@ -151,19 +166,21 @@ class PassageClient:
         return [queries[i:i + n] for i in range(0, len(queries), n)]
 
     def _local(self, searcher: Searcher, queries: list[str], k: int, mode: str,
-               ircot_steps: int | None = None) -> list[list[Passage]]:
+               ircot_steps: int | None = None, where: dict[str, Any] | None = None
+               ) -> list[list[Passage]]:
         texts = searcher.index.passage_texts
         with self._lock:
             if ircot_steps is None:
-                hits = searcher.retrieve(queries, top_k=k, mode=mode)
+                hits = searcher.retrieve(queries, top_k=k, mode=mode, where=where)
             elif self.reasoner is None:
                 raise ValueError("ircot_steps needs reasoner= in searcher= mode (e.g. "
                                  "hippo_gpu.llm.ircot.IRCoTReasoner)")
             else:
                 hits = [r.hits for r in ircot_retrieve(searcher, queries, self.reasoner,
                                                        max_steps=ircot_steps, top_k=k,
-                                                       mode=mode).results]
-        return [[Passage(h.key, h.title, texts[h.row], h.score, h.rank, h.row) for h in row]
+                                                       mode=mode, where=where).results]
+        return [[Passage(h.key, h.title, texts[h.row], h.score, h.rank, h.row, h.id,
+                         h.metadata) for h in row]
                 for row in hits]
 
 
@@ -189,11 +206,13 @@ def _check(queries: Sequence[str], k: int, mode: str, ircot_steps: int | None = 
     return list(queries)
 
 
-def _body(queries: list[str], k: int, mode: str, ircot_steps: int | None = None
-          ) -> dict[str, Any]:
+def _body(queries: list[str], k: int, mode: str, ircot_steps: int | None = None,
+          where: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"queries": queries, "top_k": k, "mode": mode}
     if ircot_steps is not None:
         body["ircot"] = {"max_steps": ircot_steps}
+    if where is not None:
+        body["where"] = where
     return body
 
 
@@ -208,6 +227,7 @@ def _parse(response: Any, queries: list[str]) -> list[list[Passage]]:
         if len(results) != len(queries):
             raise ValueError(f"{len(results)} result lists for {len(queries)} queries")
         return [[Passage(str(h["key"]), str(h["title"]), str(h["text"]), float(h["score"]),
-                         int(h["rank"]), None) for h in hits] for hits in results]
+                         int(h["rank"]), None, h.get("id"), h.get("metadata"))
+                 for h in hits] for hits in results]
     except (ValueError, KeyError, TypeError) as e:
         raise RemoteRetrievalError(f"malformed response from {response.request.url}: {e}") from e

@@ -7,9 +7,10 @@
     docs = retriever.invoke("Who founded ...?", k=3)       # k per call
     per_query = retriever.batch(["q1", "q2", ...])         # ONE batched retrieval
 
-Each passage becomes `Document(id=key, page_content=text, metadata={"title", "score", "rank",
-"row"})`; `row` is the passage row in the index in local mode and None over HTTP (the server does
-not send rows). `batch`/`abatch` are overridden: LangChain's default runs `invoke` once per input
+Each passage becomes `Document(id=its own id, else its key, page_content=text, metadata={its own
+metadata..., "key", "title", "score", "rank", "row"})`; `row` is the passage row in the index in
+local mode and None over HTTP (the server does not send rows). `where=` filters by metadata.
+`batch`/`abatch` are overridden: LangChain's default runs `invoke` once per input
 on a thread pool, which here would give up the batched encoder GEMM and the single multi-column
 PPR solve; the override makes one retrieval for all inputs (one HTTP request per 64 queries in URL
 mode) and still reports one retriever run per input to the callbacks. Needs the `langchain` extra.
@@ -59,6 +60,8 @@ class HippoRetriever(BaseRetriever):
             limit is 64).
         ircot_steps: None (one retrieval), or IRCoT with this many steps per query.
         reasoner: the IRCoT thought source in local mode (hippo_gpu.llm.ircot.IRCoTReasoner).
+        where: a metadata filter (Searcher.retrieve's: applied after the PPR), e.g.
+            {"source": "wiki"}; None: every passage.
     """
 
     searcher: Searcher | None = None
@@ -70,6 +73,7 @@ class HippoRetriever(BaseRetriever):
     max_queries_per_request: int = Field(default=64, ge=1)
     ircot_steps: int | None = None
     reasoner: Any = None
+    where: dict[str, Any] | None = None
 
     _client: PassageClient = PrivateAttr()
 
@@ -96,7 +100,8 @@ class HippoRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
         found = self._client.retrieve([query], k=self.k if k is None else k, mode=self.mode,
-                                      ircot_steps=self.ircot_steps)
+                                      ircot_steps=self.ircot_steps,
+                                      where=self.where)
         return self._documents(found)[0]
 
     async def _aget_relevant_documents(
@@ -104,7 +109,8 @@ class HippoRetriever(BaseRetriever):
         k: int | None = None,
     ) -> list[Document]:
         found = await self._client.aretrieve([query], k=self.k if k is None else k,
-                                             mode=self.mode, ircot_steps=self.ircot_steps)
+                                             mode=self.mode, ircot_steps=self.ircot_steps,
+                                      where=self.where)
         return self._documents(found)[0]
 
     def batch(
@@ -127,7 +133,8 @@ class HippoRetriever(BaseRetriever):
                 for query, cfg in zip(inputs, get_config_list(config, len(inputs)))]
         try:
             docs = self._documents(self._client.retrieve(inputs, k=k, mode=self.mode,
-                                                         ircot_steps=self.ircot_steps))
+                                                         ircot_steps=self.ircot_steps,
+                                      where=self.where))
         except Exception as e:  # reported to every run, then raised or returned (not swallowed)
             for run in runs:
                 run.on_retriever_error(e)
@@ -154,7 +161,8 @@ class HippoRetriever(BaseRetriever):
                 for query, cfg in zip(inputs, get_config_list(config, len(inputs)))]
         try:
             docs = self._documents(await self._client.aretrieve(inputs, k=k, mode=self.mode,
-                                                                ircot_steps=self.ircot_steps))
+                                                                ircot_steps=self.ircot_steps,
+                                      where=self.where))
         except Exception as e:  # reported to every run, then raised or returned (not swallowed)
             for run in runs:
                 await run.on_retriever_error(e)
@@ -168,8 +176,9 @@ class HippoRetriever(BaseRetriever):
     @staticmethod
     def _documents(found: list[list[Passage]]) -> list[list[Document]]:
         return [
-            [Document(id=p.key, page_content=p.text,
-                      metadata={"title": p.title, "score": p.score, "rank": p.rank, "row": p.row})
+            [Document(id=p.document_id(), page_content=p.text,
+                      metadata=p.document_metadata(title=p.title, score=p.score, rank=p.rank,
+                                                   row=p.row))
              for p in passages]
             for passages in found
         ]

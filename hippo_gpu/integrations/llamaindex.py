@@ -6,12 +6,13 @@
     nodes = retriever.retrieve("Who founded ...?")       # list[NodeWithScore], best first
     per_query = retriever.retrieve_batch(["q1", "q2"])   # ONE batched retrieval
 
-Each passage becomes `NodeWithScore(node=TextNode(id_=key, text=text, metadata={"title",
-"rank", "row"}), score=score)`; `row` is the passage row in the index in local mode and None over
-HTTP (the server does not send rows). Only `title` reaches the LLM or an embedder through the
-node's content (rank and row are bookkeeping). LlamaIndex's BaseRetriever has no batch entry
-point, so `retrieve_batch` / `aretrieve_batch` are this class's own (they skip the per-query
-callback events of `retrieve`). Needs the `llamaindex` extra.
+Each passage becomes `NodeWithScore(node=TextNode(id_=its own id, else its key, text=text,
+metadata={its own metadata..., "key", "title", "rank", "row"}), score=score)`; `row` is the
+passage row in the index in local mode and None over HTTP (the server does not send rows). Only
+`title` and the passage's own metadata reach the LLM or an embedder through the node's content
+(key, rank and row are bookkeeping). `where=` filters by metadata. LlamaIndex's BaseRetriever
+has no batch entry point, so `retrieve_batch` / `aretrieve_batch` are this class's own (they
+skip the per-query callback events of `retrieve`). Needs the `llamaindex` extra.
 
 IRCoT: `ircot_steps=S` (with `reasoner=` in local mode; over HTTP the server's LLM) returns each
 query's merged IRCoT list (hippo_gpu.retrieval.ircot), up to k x S nodes.
@@ -31,7 +32,7 @@ from hippo_gpu.retrieval.searcher import Searcher
 
 __all__ = ["HippoRetriever"]
 
-_BOOKKEEPING = ["rank", "row"]  # metadata kept out of the text an LLM or embedder sees
+_BOOKKEEPING = ["key", "rank", "row"]  # metadata kept out of the text an LLM or embedder sees
 
 
 class HippoRetriever(BaseRetriever):
@@ -50,6 +51,8 @@ class HippoRetriever(BaseRetriever):
         max_queries_per_request: most queries per HTTP request (URL mode; server default 64).
         ircot_steps: None (one retrieval), or IRCoT with this many steps per query.
         reasoner: the IRCoT thought source in local mode (hippo_gpu.llm.ircot.IRCoTReasoner).
+        where: a metadata filter (Searcher.retrieve's: applied after the PPR), e.g.
+            {"source": "wiki"}; None: every passage.
         callback_manager, verbose: as for any LlamaIndex retriever.
     """
 
@@ -65,6 +68,7 @@ class HippoRetriever(BaseRetriever):
         max_queries_per_request: int = 64,
         ircot_steps: int | None = None,
         reasoner: Any = None,
+        where: dict[str, Any] | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
@@ -75,6 +79,7 @@ class HippoRetriever(BaseRetriever):
         self.k = k
         self.mode = mode
         self.ircot_steps = ircot_steps
+        self.where = where
         self._client = PassageClient(searcher=searcher, url=url, token=token, timeout=timeout,
                                      max_queries_per_request=max_queries_per_request,
                                      reasoner=reasoner)
@@ -82,28 +87,31 @@ class HippoRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _nodes(self._client.retrieve([query_bundle.query_str], k=self.k,
-                                            mode=self.mode, ircot_steps=self.ircot_steps))[0]
+                                            mode=self.mode, ircot_steps=self.ircot_steps,
+                                            where=self.where))[0]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return _nodes(await self._client.aretrieve([query_bundle.query_str], k=self.k,
                                                    mode=self.mode,
-                                                   ircot_steps=self.ircot_steps))[0]
+                                                   ircot_steps=self.ircot_steps,
+                                                   where=self.where))[0]
 
     def retrieve_batch(self, queries: Sequence[str]) -> list[list[NodeWithScore]]:
         """Nodes for every query from ONE batched retrieval (no per-query callback events)."""
         return _nodes(self._client.retrieve(queries, k=self.k, mode=self.mode,
-                                            ircot_steps=self.ircot_steps))
+                                            ircot_steps=self.ircot_steps, where=self.where))
 
     async def aretrieve_batch(self, queries: Sequence[str]) -> list[list[NodeWithScore]]:
         """Async `retrieve_batch` (httpx.AsyncClient in URL mode, a worker thread locally)."""
         return _nodes(await self._client.aretrieve(queries, k=self.k, mode=self.mode,
-                                                   ircot_steps=self.ircot_steps))
+                                                   ircot_steps=self.ircot_steps, where=self.where))
 
 
 def _nodes(found: list[list[Passage]]) -> list[list[NodeWithScore]]:
     return [
-        [NodeWithScore(node=TextNode(id_=p.key, text=p.text,
-                                     metadata={"title": p.title, "rank": p.rank, "row": p.row},
+        [NodeWithScore(node=TextNode(id_=p.document_id(), text=p.text,
+                                     metadata=p.document_metadata(title=p.title, rank=p.rank,
+                                                                  row=p.row),
                                      excluded_llm_metadata_keys=list(_BOOKKEEPING),
                                      excluded_embed_metadata_keys=list(_BOOKKEEPING)),
                        score=p.score)

@@ -2,7 +2,9 @@
 
 Input rows: {"id": str|int, "query": str, "entities": [str, ...] (optional)}, as JSON Lines or
 Parquet. Output rows, in input order: {"id", "keys", "titles", "scores"}, as JSON Lines or
-Parquet (chosen by the file suffix; Parquet needs pyarrow, the `[parquet]` extra).
+Parquet (chosen by the file suffix; Parquet needs pyarrow, the `[parquet]` extra); on an index
+whose corpus gave passages ids or metadata, also "passage_ids" and "passage_metadata" (aligned
+with "keys", null where a passage has none; in Parquet the metadata is JSON text).
 
 With `explain`, each row also holds its hits' decomposition (`Searcher.explain`, columns
 EXPLAIN_COLUMNS): "seeds" [{phrase, weight, share}] of the query, and per hit (aligned with
@@ -35,6 +37,7 @@ the part it redoes, and none for the committed parts.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import shutil
@@ -309,10 +312,14 @@ def answer_rows(searcher: Searcher, rows: Sequence[QueryRow], *, mode: str | Mod
             if stage_seconds is not None:
                 for k, v in ranking.stage_seconds.items():
                     stage_seconds[k] = stage_seconds.get(k, 0.0) + v
+            labelled = bool(searcher.index.labels)
             for j, (r, hits) in enumerate(zip(batch, searcher.to_hits(ranking))):
                 out[r.index] = {"id": r.id, "keys": [h.key for h in hits],
                                 "titles": [h.title for h in hits],
                                 "scores": [h.score for h in hits]}
+                if labelled:  # the passages' own ids and metadata (null where none)
+                    out[r.index]["passage_ids"] = [h.id for h in hits]
+                    out[r.index]["passage_metadata"] = [h.metadata for h in hits]
                 if j in ranking.failed:
                     out[r.index]["error"] = ranking.failed[j]
     return [out[r.index] for r in rows]
@@ -457,10 +464,20 @@ def _write_parquet_answers(path: Path, chunks: Iterable[list[dict[str, Any]]],
             ("fused_ranks", pa.list_(pa.struct([("ppr", pa.int64()), ("dense", pa.int64()),
                                                 ("entity", pa.int64())]))),
         ]
+    chunks = iter(chunks)
+    first = next(chunks, [])
+    labelled = bool(first) and "passage_ids" in first[0]
+    if labelled:  # metadata as JSON text: its objects have no one Parquet type
+        fields += [("passage_ids", pa.list_(pa.string())),
+                   ("passage_metadata", pa.list_(pa.string()))]
     schema = pa.schema(fields)
     with pq.ParquetWriter(path, schema) as writer:
-        for rows in chunks:
+        for rows in itertools.chain([first], chunks):
             rows = [{**r, "id": str(r["id"])} for r in rows]
+            if labelled:
+                rows = [{**r, "passage_metadata": [None if m is None else json.dumps(
+                    m, ensure_ascii=False) for m in r.get("passage_metadata", [])]}
+                    for r in rows]
             if rows:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
 

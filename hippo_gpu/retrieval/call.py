@@ -11,10 +11,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.retrieval.explain import Capture
 from hippo_gpu.retrieval.modes import Mode
+from hippo_gpu.retrieval.ranking import topk_stable
 from hippo_gpu.retrieval.seeds import ChunkPlan
 
 __all__ = ["Clock", "RankCall"]
@@ -53,6 +55,8 @@ class RankCall:
         plan: the chunk plan of this call (hippo_gpu.retrieval.seeds.plan_chunks), made once.
         clock: the call's stage timer.
         capture: what `explain` records of the ranking (a pass-through for a plain rank).
+        allowed: the passage rows a metadata filter keeps, ascending, on the index device
+            (None: no filter). The filter acts on the final scores (`top`), after the PPR.
     """
 
     queries: list[str]
@@ -62,3 +66,15 @@ class RankCall:
     plan: ChunkPlan
     clock: Clock
     capture: Capture
+    allowed: Tensor | None = None
+
+    def top(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """([c, k] scores, [c, k] passage rows) of the call's top_k among `scores` [c, P]: all
+        passages, or only the `allowed` ones (then k is at most their number). Both select
+        with topk_stable over ascending rows, so ties go to the lower passage row either way
+        and a filtered hit keeps the score and relative order it has in the unfiltered
+        ranking."""
+        if self.allowed is None:
+            return topk_stable(scores, self.top_k)
+        vals, idx = topk_stable(scores[:, self.allowed], self.top_k)
+        return vals, self.allowed[idx]

@@ -23,7 +23,7 @@ from hippo_gpu.retrieval.blockwise import spans
 from hippo_gpu.retrieval.call import RankCall
 from hippo_gpu.retrieval.hybrid import entity_doc, link_entities, passage_phrase_incidence
 from hippo_gpu.retrieval.query_encoder import QueryEncoder
-from hippo_gpu.retrieval.ranking import cat_topk, topk_stable
+from hippo_gpu.retrieval.ranking import cat_topk
 from hippo_gpu.retrieval.results import PPRReport, Ranking
 from hippo_gpu.retrieval.seeds import leading_block
 from hippo_gpu.retrieval.solvers import SolverCache
@@ -142,7 +142,7 @@ class EntityRanker:
             if solution is not None:
                 report.record(solution, query_rows[a:b][has.cpu()])
             clock.lap("ppr")
-            parts.append(topk_stable(scores, call.top_k))
+            parts.append(call.top(scores))
             clock.lap("rank")
         top_scores, top_rows = cat_topk(parts)
         return Ranking(top_rows, top_scores, clock.seconds, no_fallback, ppr=report)

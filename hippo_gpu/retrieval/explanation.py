@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hippo_gpu.data import Triple
-from hippo_gpu.retrieval.results import Hit
+from hippo_gpu.retrieval.results import Hit, label_fields
 
 __all__ = ["Bridge", "DensePrior", "Fusion", "HitExplanation", "PhraseInfo", "QueryExplanation",
            "Seed", "SeedContribution", "SeedFact", "explanation_dict"]
@@ -172,6 +172,7 @@ def explanation_dict(e: QueryExplanation, passage_keys: Sequence[str],
         text = {} if passage_texts is None else {"text": passage_texts[h.hit.row]}
         return {
             **passage(h.hit.row), **text, "score": _num(h.hit.score), "rank": h.hit.rank,
+            **label_fields(h.hit.id, h.hit.metadata),
             "value": _num(h.value), "total": _num(h.total), "bound": _num(h.bound),
             "offset": _num(h.offset),
             "seeds": [{"phrase": s.phrase, "node": s.node, "contribution": _num(s.contribution),

@@ -290,6 +290,7 @@ def ircot_retrieve(
     fact_filter: FactFilter | None = None,
     query_entities: Sequence[Sequence[str]] | None = None,
     thought_entities: Callable[[list[str]], list[list[str]]] | None = None,
+    where: Mapping[str, Any] | None = None,
 ) -> IRCoTReport:
     """IRCoT over a Searcher: one `Searcher.rank` call per step for all active questions.
 
@@ -300,6 +301,7 @@ def ircot_retrieve(
             Searcher's, the LLM-free extractor's capitalised spans).
         thought_entities: entities of thoughts for hipporag1 and hybrid (default: the same
             spans, the Searcher's default).
+        where: a metadata filter applied to every step's ranking (`Searcher.retrieve`).
     """
     how = mode_of(mode)
     index = searcher.index
@@ -311,7 +313,7 @@ def ircot_retrieve(
             entities = thought_entities(texts) if thought_entities is not None and \
                 how.reads_entities else None
         ranking = searcher.rank(texts, top_k=top_k, mode=how, config=config,
-                                fact_filter=fact_filter, query_entities=entities)
+                                fact_filter=fact_filter, query_entities=entities, where=where)
         for k, v in ranking.stage_seconds.items():
             stages[f"retrieve/{k}"] = stages.get(f"retrieve/{k}", 0.0) + v
         return [Retrieved([], ranking.failed[j]) if j in ranking.failed else Retrieved(hits)

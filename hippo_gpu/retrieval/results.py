@@ -16,7 +16,7 @@ from hippo_gpu.ppr import ConvergenceError, PPRSolution
 from hippo_gpu.ppr.linear import LinearSolution
 
 __all__ = ["FactFilter", "FilterResult", "Hit", "PPRReport", "QueryFailure", "Ranking",
-           "SeedTriple"]
+           "SeedTriple", "label_fields"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,19 @@ class Hit:
     score: float
     rank: int  # 0-based position in the ranking
     row: int  # passage row in the index (0..P-1): index.passage_texts[row] is its text
+    id: str | None = None  # the passage's own id (its corpus item's "id"), if it has one
+    metadata: dict[str, Any] | None = field(default=None, hash=False)  # its "metadata", if any
+
+
+def label_fields(passage_id: str | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """A passage's own "id" and "metadata" as every JSON answer carries them: each only when
+    set, so an unlabelled index answers as it did before labels existed."""
+    out: dict[str, Any] = {}
+    if passage_id is not None:
+        out["id"] = passage_id
+    if metadata is not None:
+        out["metadata"] = metadata
+    return out
 
 
 class SeedTriple(NamedTuple):

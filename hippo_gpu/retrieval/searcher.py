@@ -37,8 +37,9 @@ and one for the dense prior (hippo_gpu.retrieval.explain), from the inputs `rank
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,7 +62,7 @@ from hippo_gpu.retrieval.modes import DENSE, HIPPORAG2, Mode, mode_of
 from hippo_gpu.retrieval.options import SearcherOptions
 from hippo_gpu.retrieval.passage_ppr import iterate_chunk, linear_ppr, solve_linear_chunk
 from hippo_gpu.retrieval.query_encoder import QueryEncoder
-from hippo_gpu.retrieval.ranking import cat_topk, minmax_rows, topk_stable
+from hippo_gpu.retrieval.ranking import cat_topk, minmax_rows
 from hippo_gpu.retrieval.results import (
     FactFilter,
     FilterResult,
@@ -229,6 +230,7 @@ class Searcher:
         config: RetrievalConfig | None = None,
         fact_filter: FactFilter | None = None,
         query_entities: Sequence[Sequence[str]] | None = None,
+        where: Mapping[str, Any] | None = None,
     ) -> list[list[Hit]]:
         """Rank passages for each query. Returns, per query, up to `top_k` Hits, best first.
 
@@ -246,6 +248,12 @@ class Searcher:
                 capitalised spans (hippo_gpu.retrieval.entities); `rank` returns the entities
                 used (`Ranking.entities`). A query with no entity scores every passage 1/P in
                 hipporag1 and gets no entity ranking in hybrid.
+            where: a metadata filter, e.g. {"year": 2020, "source": ["a", "b"]}
+                (hippo_gpu.indexing.labels: a passage matches when every field equals, or
+                is one of a list). Applied AFTER the PPR (and hybrid's fusion): the graph,
+                the seeds and every score are the unfiltered ones, and the ranking keeps
+                only matching passages, so a query gets fewer than `top_k` hits when fewer
+                match, each with its unfiltered score and explanation.
 
         Raises:
             QueryFailure: some queries' PPR could not be certified (``max_iter`` ran out while
@@ -253,7 +261,7 @@ class Searcher:
                 causes it (a stalled float32 solve is finished in float64).
         """
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=config,
-                            fact_filter=fact_filter, query_entities=query_entities)
+                            fact_filter=fact_filter, query_entities=query_entities, where=where)
         hits = self.to_hits(ranking)
         if ranking.failed:
             raise QueryFailure(ranking.failed, hits)
@@ -261,8 +269,8 @@ class Searcher:
 
     def explain(self, queries: Sequence[str], *, top_k: int = 10, mode: str | Mode = "hipporag2",
                 config: RetrievalConfig | None = None,
-                query_entities: Sequence[Sequence[str]] | None = None
-                ) -> list[QueryExplanation]:
+                query_entities: Sequence[Sequence[str]] | None = None,
+                where: Mapping[str, Any] | None = None) -> list[QueryExplanation]:
         """Why each hit ranked where it did: `retrieve`'s hits, each score split exactly into
         one term per seed, one for the dense passage prior and (hipporag1) the min-max shift,
         within each hit's certified ``bound`` (hippo_gpu.retrieval.explain states and proves it).
@@ -276,7 +284,7 @@ class Searcher:
         cfg = config or self.config
         capture = Capture()
         ranking = self.rank(queries, top_k=top_k, mode=mode, config=cfg,
-                            query_entities=query_entities, capture=capture)
+                            query_entities=query_entities, capture=capture, where=where)
         hits = self.to_hits(ranking)
         out = explain_ranking(self.index, list(queries), hits, ranking, capture, mode_of(mode),
                               cfg, top_k, ranking.entities, self._explain_solver)
@@ -292,11 +300,19 @@ class Searcher:
         """Hits per query, best first ([] for a query in ``ranking.failed``)."""
         rows = ranking.passage_rows.cpu().tolist()
         scores = ranking.scores.double().cpu().tolist()
-        keys, titles = self.index.passage_keys, self.index.passage_titles
+        keys, titles, labels = self.index.passage_keys, self.index.passage_titles, \
+            self.index.labels
+
+        def hit(r: int, s: float, i: int) -> Hit:
+            key = keys[r]
+            if not labels:
+                return Hit(key=key, title=titles[r], score=s, rank=i, row=r)
+            return Hit(key=key, title=titles[r], score=s, rank=i, row=r, id=labels.id_of(key),
+                       metadata=labels.metadata_of(key))
+
         return [
             [] if q in ranking.failed else
-            [Hit(key=keys[r], title=titles[r], score=s, rank=i, row=r)
-             for i, (r, s) in enumerate(zip(rr, ss))]
+            [hit(r, s, i) for i, (r, s) in enumerate(zip(rr, ss))]
             for q, (rr, ss) in enumerate(zip(rows, scores))
         ]
 
@@ -311,12 +327,14 @@ class Searcher:
         query_entities: Sequence[Sequence[str]] | None = None,
         query_emb: Tensor | None = None,
         capture: Capture | None = None,
+        where: Mapping[str, Any] | None = None,
     ) -> Ranking:
         """The batched retrieval pipeline behind `retrieve`, returning tensors and stage times.
 
         `query_emb` ([Q, D], L2-normalised) skips query encoding when the caller already has the
         vectors (hipporag2/hybrid/dense with one instruction for facts and passages). `capture`
-        records the tensors behind the ranking for `explain`.
+        records the tensors behind the ranking for `explain`. `where` filters the ranking
+        by metadata, after the PPR (`retrieve`).
 
         Never raises for an uncertified PPR column: that query is listed in ``failed`` (with
         its bound in ``ppr_bound``) and the other queries are answered.
@@ -328,9 +346,10 @@ class Searcher:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         entities = entities_for(how, cfg, queries, query_entities)
+        allowed = None if where is None else self._matching_rows(where)
         set_threads()  # a server's worker thread computes as the process's count says
         q = len(queries)
-        if q == 0 or len(index.passage_keys) == 0:
+        if q == 0 or len(index.passage_keys) == 0 or (allowed is not None and not len(allowed)):
             empty = torch.zeros((q, 0), dtype=torch.int64, device=index.device)
             return Ranking(empty, empty.float(), {}, torch.zeros(q, dtype=torch.bool),
                            entities=entities)
@@ -338,7 +357,7 @@ class Searcher:
         call = RankCall(queries, top_k, how, cfg,
                         plan_chunks(index, q, cfg, num_entities=linked),
                         Clock(index.device, sync=self.options.profile),
-                        capture or Capture(record=False))
+                        capture or Capture(record=False), allowed)
         if how.linking == "entities":
             assert entities is not None  # entities_for resolves them in this mode
             ranking = self.entities.rank_hipporag1(call, entities)
@@ -353,6 +372,12 @@ class Searcher:
         ranking.entities = entities
         return ranking
 
+    def _matching_rows(self, where: Mapping[str, Any]) -> Tensor:
+        """[n] ascending passage rows whose metadata match `where`, on the index device."""
+        index = self.index
+        rows = sorted(index.row_of_key[k] for k in index.labels.matching_keys(where))
+        return torch.tensor(rows, dtype=torch.int64, device=index.device)
+
     def _rank_dense(self, call: RankCall, e_pass: Tensor) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""
         q, clock = e_pass.shape[0], call.clock
@@ -360,7 +385,7 @@ class Searcher:
         for a, b in spans(q, call.plan.query_cols):
             dense = minmax_rows(call.capture.cos(self._passage_cos(e_pass[a:b])))  # [c, P]
             clock.lap("dense")
-            parts.append(topk_stable(dense, call.top_k))
+            parts.append(call.top(dense))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
         return Ranking(rows, scores, clock.seconds, torch.ones(q, dtype=torch.bool))
@@ -419,7 +444,7 @@ class Searcher:
                 clock.lap("entities")
             final = torch.where(fallback[a:b].unsqueeze(1), minmax_rows(cos).to(final.dtype),
                                 final)
-            parts.append(topk_stable(final, call.top_k))
+            parts.append(call.top(final))
             clock.lap("rank")
         scores, rows = cat_topk(parts)
         capture.facts(cand_rows, cand_scores, kept)

@@ -7,6 +7,8 @@ limits). The model class names are the OpenAPI component names.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 __all__ = ["ExplainResponse", "QueryExplanationBody", "SeedFact"]
@@ -71,6 +73,9 @@ class ExplainedHit(BaseModel):
     text: str
     score: float
     rank: int = Field(ge=0)
+    id: str | None = Field(default=None, description="the passage's own id; absent: none")
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="the passage's own metadata; absent: none")
     value: float = Field(description="what the terms sum to: the score, or hybrid's PPR value")
     total: float = Field(description="the sum of the terms")
     bound: float | None = Field(description="|total - value| <= bound, certified (null: none)")

@@ -24,7 +24,7 @@ from typing import Any
 
 from hippo_gpu.retrieval.ircot import IRCoTResult, Retrieved, ThoughtSource, run_ircot
 from hippo_gpu.retrieval.modes import Mode
-from hippo_gpu.retrieval.results import Hit
+from hippo_gpu.retrieval.results import Hit, label_fields
 from hippo_gpu.serve.service import Answer, RetrievalService, answered_version
 
 __all__ = ["answer_ircot", "trace"]
@@ -34,7 +34,8 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
                        *, top_k: int, mode: Mode, max_steps: int,
                        entities: Sequence[Sequence[str]] | None = None,
                        return_seeds: bool = False, index: str | None = None,
-                       transport: str = "http") -> tuple[list[Answer], list[IRCoTResult]]:
+                       transport: str = "http", where: dict[str, Any] | None = None
+                       ) -> tuple[list[Answer], list[IRCoTResult]]:
     """(one Answer per query: its merged hits, its own seeds, its error when its own retrieval
     failed; the IRCoT results). Raises what `RetrievalService.retrieve` raises."""
     loop = asyncio.get_running_loop()
@@ -46,14 +47,15 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
         ents = entities if step == 0 else None
         answers = asyncio.run_coroutine_threadsafe(service.retrieve(
             batch, top_k=top_k, mode=mode, entities=ents, return_seeds=return_seeds and step == 0,
-            index=index, transport=transport), loop).result()
+            index=index, transport=transport, where=where), loop).result()
         if step == 0:
             seeds[:] = [a.seeds for a in answers]
         step_answers.extend(answers)
         out = []
         for a in answers:
             texts.update((h["key"], h["text"]) for h in a.hits)
-            out.append(Retrieved([Hit(h["key"], h["title"], h["score"], h["rank"], -1)
+            out.append(Retrieved([Hit(h["key"], h["title"], h["score"], h["rank"], -1,
+                                      h.get("id"), h.get("metadata"))
                                   for h in a.hits], a.error))
         return out
 
@@ -62,7 +64,8 @@ async def answer_ircot(service: RetrievalService, reason: ThoughtSource, queries
     version = answered_version(step_answers)
     answers = [
         Answer([{"key": h.key, "title": h.title, "text": texts[h.key], "score": h.score,
-                 "rank": h.rank} for h in r.hits], seeds[i], r.error if r.failed else None,
+                 "rank": h.rank, **label_fields(h.id, h.metadata)} for h in r.hits],
+               seeds[i], r.error if r.failed else None,
                version=version)
         for i, r in enumerate(report.results)
     ]

@@ -77,6 +77,9 @@ class HitOut(BaseModel):
     score: float
     rank: int = Field(description="0-based position in the ranking")
     text: str = Field(description="the indexed passage text (title, newline, body)")
+    id: str | None = Field(default=None, description="the passage's own id (null: none)")
+    metadata: dict[str, Any] | None = Field(default=None,
+                                            description="the passage's own metadata (null: none)")
 
 
 class RetrieveOut(BaseModel):

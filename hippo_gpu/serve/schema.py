@@ -47,7 +47,9 @@ from pydantic import (
 )
 
 from hippo_gpu.config import MODES
+from hippo_gpu.data import DataFormatError
 from hippo_gpu.errors import BLANK
+from hippo_gpu.indexing.labels import check_filter
 from hippo_gpu.retrieval.ircot import STOPS
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig, WriteLimits
@@ -173,6 +175,12 @@ class IRCoT(BaseModel):
     max_steps: int
 
 
+# a metadata filter (indexing/labels.py): field -> a JSON scalar, or a non-empty list of them
+FilterValue = str | int | float | bool | None
+Where = Annotated[dict[str, FilterValue | Annotated[list[FilterValue], Field(min_length=1)]],
+                  Field(min_length=1)]
+
+
 class RetrieveRequest(BaseModel):
     """Queries answered with one mode and one top_k (limits: see `request_model`)."""
 
@@ -185,10 +193,12 @@ class RetrieveRequest(BaseModel):
     return_seeds: bool = False
     index: str | None = None
     ircot: IRCoT | None = None
+    where: Where | None = None
 
     @model_validator(mode="after")
     def _entities_fit_queries(self) -> RetrieveRequest:
         _check_entities(self.queries, self.entities, self.mode)
+        _check_where(self.where)
         return self
 
 
@@ -212,11 +222,22 @@ class ExplainRequest(BaseModel):
     top_k: int = 10
     mode: Mode = "hipporag2"
     index: str | None = None
+    where: Where | None = None
 
     @model_validator(mode="after")
     def _entities_fit_queries(self) -> ExplainRequest:
         _check_entities(self.queries, self.entities, self.mode)
+        _check_where(self.where)
         return self
+
+
+def _check_where(where: dict[str, Any] | None) -> None:
+    """A metadata filter's shape (indexing/labels.check_filter), as a validation error."""
+    if where is not None:
+        try:
+            check_filter(where)
+        except DataFormatError as e:
+            raise ValueError(str(e)) from None
 
 
 def _integral(v: Any) -> Any:
@@ -337,6 +358,12 @@ def _batch_model(config: ServerConfig, indexes: Sequence[str], base: type[Any], 
         mode=(Mode, Field(default="hipporag2", description="retrieval mode")),
         **seeds,
         index=_index_field(indexes),
+        where=(Where | None, Field(
+            default=None, examples=[{"year": 2020, "source": ["news", "wiki"]}],
+            description="a metadata filter: only passages whose own metadata has each field "
+            "equal to its value (or to one of a list) are returned. Applied after the PPR: "
+            "every score is the unfiltered one, and a query gets fewer than top_k hits when "
+            "fewer passages match")),
     )
 
 
@@ -346,6 +373,11 @@ class PassageHit(BaseModel):
     text: str = Field(description="the indexed passage text (HippoRAG: title, newline, body)")
     score: float
     rank: int = Field(ge=0, description="0-based position in the ranking")
+    id: str | None = Field(default=None, description="the passage's own id (its corpus item's "
+                           '"id"); absent when it has none')
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="the passage's own metadata (its corpus item's "
+        '"metadata"); absent when it has none')
 
 
 class IRCoTTrace(BaseModel):

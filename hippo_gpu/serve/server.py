@@ -396,12 +396,13 @@ def _add_retrieve(app: FastAPI, service: RetrievalService, config: ServerConfig,
             answers, results = await answer_ircot(
                 service, reasoner, req.queries, top_k=req.top_k, mode=mode,
                 max_steps=req.ircot.max_steps, entities=req.entities,
-                return_seeds=req.return_seeds, index=req.index)
+                return_seeds=req.return_seeds, index=req.index, where=req.where)
             traces = [trace(r) for r in results]
         else:
             answers = await service.retrieve(
                 req.queries, top_k=req.top_k, mode=mode, entities=req.entities,
-                return_seeds=req.return_seeds, index=req.index, transport="http")
+                return_seeds=req.return_seeds, index=req.index, transport="http",
+                where=req.where)
         errors = _errors(answers)
         body: dict[str, Any] = {"results": [a.hits for a in answers]}
         body["seeds"] = [a.seeds for a in answers] if req.return_seeds else None
@@ -438,7 +439,7 @@ def _add_explain(app: FastAPI, service: RetrievalService, config: ServerConfig,
                       entities=req.entities, index=req.index, explain=True)
         answers = await service.retrieve(
             req.queries, top_k=req.top_k, mode=mode, entities=req.entities,
-            index=req.index, transport="http", explain=True)
+            index=req.index, transport="http", explain=True, where=req.where)
         errors = _errors(answers)
         body: dict[str, Any] = {"explanations": [a.explanation for a in answers]}
         if any(e is not None for e in errors):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,7 +37,7 @@ import torch
 from hippo_gpu.errors import HippoGpuError
 from hippo_gpu.retrieval.explanation import explanation_dict
 from hippo_gpu.retrieval.modes import Mode
-from hippo_gpu.retrieval.results import Hit, QueryFailure
+from hippo_gpu.retrieval.results import Hit, QueryFailure, label_fields
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.batcher import (
     BatcherClosedError,
@@ -135,6 +136,10 @@ class BatchKey(NamedTuple):
     return_seeds: bool
     with_entities: bool  # every query of the batch carries its entities, or none does
     explain: bool = False  # answer with Searcher.explain (each hit's score decomposed)
+    where: str | None = None  # the metadata filter as canonical JSON (None: none)
+
+    def filter(self) -> dict[str, Any] | None:
+        return None if self.where is None else json.loads(self.where)
 
 
 class Query(NamedTuple):
@@ -195,7 +200,8 @@ class _SearcherAdapter:
         entities = [q.entities or [] for q in queries] if key.with_entities else None
         if key.explain:
             return [a._replace(version=version) for a in _explain(searcher, texts, entities, key)]
-        ranking = searcher.rank(texts, top_k=key.top_k, mode=key.mode, query_entities=entities)
+        ranking = searcher.rank(texts, top_k=key.top_k, mode=key.mode, query_entities=entities,
+                                where=key.filter())
         hits = searcher.to_hits(ranking)  # a failed query has none; the others are answered
         if len(hits) != len(queries):
             raise BatchOutputError(f"retrieve returned {len(hits)} rankings for {len(queries)}")
@@ -219,7 +225,7 @@ def _explain(searcher: Searcher, texts: list[str], entities: list[list[str]] | N
     failed: dict[int, str] = {}
     try:
         explained = searcher.explain(texts, top_k=key.top_k, mode=key.mode,
-                                     query_entities=entities)
+                                     query_entities=entities, where=key.filter())
     except QueryFailure as e:
         explained, failed = e.explanations or [], e.failures
     if len(explained) != len(texts):
@@ -234,13 +240,14 @@ def _explain(searcher: Searcher, texts: list[str], entities: list[list[str]] | N
 
 
 def hit_dict(h: Hit, passage_texts: Sequence[str]) -> dict[str, Any]:
-    """A `Hit` as the JSON both transports return."""
+    """A `Hit` as the JSON both transports return ("id" and "metadata" when it has them)."""
     return {
         "key": h.key,
         "title": h.title,
         "text": passage_texts[h.row],
         "score": float(h.score),
         "rank": int(h.rank),
+        **label_fields(h.id, h.metadata),
     }
 
 
@@ -367,8 +374,11 @@ class RetrievalService:
     async def retrieve(self, queries: Sequence[str], *, top_k: int, mode: Mode,
                        entities: Sequence[Sequence[str]] | None = None,
                        return_seeds: bool = False, index: str | None = None,
-                       transport: str = "http", explain: bool = False) -> list[Answer]:
-        """Rank passages of index `index` for `queries`, batched with concurrent callers.
+                       transport: str = "http", explain: bool = False,
+                       where: dict[str, Any] | None = None) -> list[Answer]:
+        """Rank passages of index `index` for `queries`, batched with concurrent callers
+        (`where`: a metadata filter, Searcher.retrieve's; requests batch with those of the
+        same filter).
 
         Arguments are taken as validated by the transport (limits, modes); `entities` is one
         list per query or None, and is dropped for modes that do not read it. With `explain`
@@ -383,7 +393,8 @@ class RetrievalService:
         with_entities = entities is not None and mode.reads_entities
         batch = [Query(q, list(entities[i]) if with_entities and entities is not None else None)
                  for i, q in enumerate(queries)]  # fmt: skip
-        key = BatchKey(mode, top_k, return_seeds, with_entities, explain)
+        key = BatchKey(mode, top_k, return_seeds, with_entities, explain,
+                       None if where is None else json.dumps(where, sort_keys=True))
         started = time.monotonic()
         status = "error"
         try:

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage
+from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage, as_passages
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.retrieval.searcher import Searcher
 from hippo_gpu.serve.holder import SearcherHolder
@@ -182,6 +182,12 @@ def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]
         entities: list[str] = Field(default_factory=list,
                                     max_length=limits.max_entities_per_passage,
                                     description="named entities (kept with the OpenIE record)")
+        id: str | None = Field(default=None, max_length=256,
+                               description="the passage's own id, returned on its hits and "
+                                           "usable to delete it; unique in the index")
+        metadata: dict[str, Any] | None = Field(
+            default=None, description="the passage's own metadata (a JSON object), returned on "
+                                      'its hits and matched by a request\'s "where"')
 
     index_field = Field(default=None, max_length=64,
                         description="the served index to change (default: the server's first)")
@@ -196,10 +202,19 @@ def write_models(limits: WriteLimits) -> tuple[type[BaseModel], type[BaseModel]]
     class DeleteRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-        keys: list[Annotated[str, Field(max_length=64)]] = Field(
-            min_length=1, max_length=limits.max_keys_per_request,
-            description='passage keys "chunk-<md5>" to remove')
+        keys: list[Annotated[str, Field(max_length=64)]] | None = Field(
+            default=None, min_length=1, max_length=limits.max_keys_per_request,
+            description='passage keys "chunk-<md5>" to remove (or give "ids")')
+        ids: list[Annotated[str, Field(max_length=256)]] | None = Field(
+            default=None, min_length=1, max_length=limits.max_keys_per_request,
+            description="the passages' own ids to remove (or give \"keys\")")
         index: str | None = index_field
+
+        @model_validator(mode="after")
+        def one_of_keys_or_ids(self) -> DeleteRequest:
+            if (self.keys is None) == (self.ids is None):
+                raise ValueError("give exactly one of keys or ids")
+            return self
 
     return InsertRequest, DeleteRequest
 
@@ -287,13 +302,16 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
         holder = holder_of(req.index)
 
         def apply(w: IndexWriter) -> int:
-            return w.insert_docs([Passage(title=p.title, text=p.text) for p in req.passages],
-                                 _docs_of(req.passages, holder))
+            passages = as_passages([{"title": p.title, "text": p.text, "id": p.id,
+                                     "metadata": p.metadata} for p in req.passages])
+            return w.insert_docs(passages, _docs_of(req.passages, holder))
 
         return await run(holder, apply)
 
     async def delete_passages(req: Any) -> dict[str, Any]:
         holder = holder_of(req.index)
+        if req.ids is not None:
+            return await run(holder, lambda w: w.delete_ids(req.ids))
         return await run(holder, lambda w: w.delete(req.keys))
 
     # The body models carry `limits`; FastAPI reads them from the annotations.
@@ -304,6 +322,7 @@ def write_router(holders: SearcherHolder | Mapping[str, SearcherHolder], auth: A
                 summary="Add passages (with their triples); one atomic commit")(insert_passages)
     router.delete("/v1/passages", operation_id="delete_passages", dependencies=[auth],
                   responses=responses,
-                  summary="Remove passages by key; one atomic commit")(delete_passages)
+                  summary="Remove passages by key or by their own id; one atomic "
+                          "commit")(delete_passages)
 
     return router

@@ -338,6 +338,8 @@ def apply_change(
         synonym_src=torch.from_numpy(edges.src.astype(np.int64)),
         synonym_dst=torch.from_numpy(edges.dst.astype(np.int64)),
         synonym_score=torch.from_numpy(edges.score.astype(np.float32)),
+        labels=base.labels.after([base.passage_keys[int(r)] for r in change.removed]
+                                 if base.labels else [], change.passages),
     )
     if "row_of_key" in base.__dict__:  # computed on the base: follow it, never rebuild it
         index.__dict__["row_of_key"] = base.row_of_key.spliced(

@@ -64,7 +64,9 @@ def segment_files(segment: Segment) -> tuple[dict[str, dict[str, torch.Tensor]],
         "synonym_score": torch.from_numpy(s.edges.score.astype(np.float32)),
     }}
     passages = [{"title": p.title, "text": p.text, "triples": [list(t) for t in ts],
-                 "malformed": m, "error": bool(e)}
+                 "malformed": m, "error": bool(e),
+                 **({} if p.id is None else {"id": p.id}),
+                 **({} if p.metadata is None else {"metadata": p.metadata})}
                 for p, ts, m, e in zip(c.passages, c.triples, c.malformed, c.error)]
     return tensors, {"change": {"passages": passages, "expect": segment.expect}}
 
@@ -76,7 +78,8 @@ def _segment_of(path: Path, files: Files) -> Segment:
         rows = j["passages"]
         change = Change(
             removed=t["removed"].numpy().astype(np.int64),
-            passages=[Passage(title=r["title"], text=r["text"]) for r in rows],
+            passages=[Passage(title=r["title"], text=r["text"], id=r.get("id"),
+                              metadata=r.get("metadata")) for r in rows],
             triples=[[tuple(x) for x in r["triples"]] for r in rows],  # type: ignore[misc]
             malformed=[dict(r["malformed"]) for r in rows],
             error=[bool(r["error"]) for r in rows],

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage, as_passages, read_openie
+from hippo_gpu.data import DataFormatError, OpenIEDoc, Passage, as_passages, read_openie, short
 from hippo_gpu.device import keep_large_allocations_in_heap, resolve_device, set_threads
 from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.errors import DiskFullError
@@ -325,6 +325,7 @@ class IndexWriter:
         self._skipped += len(passages) - len(new)
         if not new:
             return 0
+        self._check_ids([p for p in passages if p.key in new])
         add = corpus_state([p for p in passages if p.key in new],
                            [d for p, d in zip(passages, docs) if p.key in new])
         staged = self._added
@@ -335,6 +336,20 @@ class IndexWriter:
             staged.malformed.append(add.malformed[i])
             staged.error.append(add.error[i])
         return len(new)
+
+    def _check_ids(self, passages: Sequence[Passage]) -> None:
+        """DataFormatError (nothing staged) when a new passage's own id already names a
+        passage of the index (not staged for removal) or a staged one."""
+        base = self._require_base()
+        for p in passages:
+            if p.id is None:
+                continue
+            key = base.labels.key_of_id(p.id)
+            held = key is not None and base.row_of_key[key] not in self._removed
+            staged = any(q.id == p.id for q in self._added.passages)
+            if held or staged:
+                raise DataFormatError(f"the id {short(p.id)} already names a passage of the "
+                                      "index; delete that passage first, or give another id")
 
     def _unseen(self, passages: Sequence[Passage]) -> list[Passage]:
         """The passages neither the index (less its staged removals) nor the staged inserts
@@ -373,6 +388,27 @@ class IndexWriter:
             self._added_keys = {p.key: i for i, p in enumerate(a.passages)}
         self._removed.update(rows[k] for k in keys if k not in staged)
         return len(keys)
+
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Stage the removal of the passages with these ids of their own (the corpus items'
+        "id"). An unknown id raises KeyError naming it, and nothing is staged."""
+        if isinstance(ids, str):
+            raise TypeError("ids must be a list of passage ids, not one string")
+        base = self._require_base()
+        staged = {p.id: p.key for p in self._added.passages if p.id is not None}
+        keys, unknown = [], []
+        for i in dict.fromkeys(ids):
+            key = staged.get(i) or base.labels.key_of_id(i)
+            if key is None or (key not in self._added_keys and base.row_of_key[key]
+                               in self._removed):
+                unknown.append(i)
+            else:
+                keys.append(key)
+        if unknown:
+            raise KeyError(f"{len(unknown)} unknown passage id(s), nothing deleted: "
+                           f"{', '.join(short(i) for i in unknown[:5])}"
+                           f"{' ...' if len(unknown) > 5 else ''}")
+        return self.delete(keys)
 
     def delete_titles(self, titles: Sequence[str]) -> int:
         """Stage the removal of every passage with one of `titles` (KeyError for a title that

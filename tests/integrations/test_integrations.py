@@ -141,7 +141,7 @@ def test_langchain_invoke_equals_searcher(lc: ModuleType, searcher: Searcher, mo
     for query in QUERIES[:2]:
         docs = retriever.invoke(query)
         assert len(docs) == 10
-        assert set(docs[0].metadata) == {"title", "score", "rank", "row"}
+        assert set(docs[0].metadata) == {"key", "title", "score", "rank", "row"}
         _same_ranking(_docs([docs]), _expected(searcher, [query], 10, mode), exact=True)
     short = retriever.invoke(QUERIES[0], k=2)
     _same_ranking(_docs([short]), _expected(searcher, QUERIES[:1], 2, mode), exact=True)

@@ -275,7 +275,10 @@ def test_write_limits_are_documented_and_enforced(writable: Any) -> None:
     insert, passage = schemas["InsertRequest"]["properties"], schemas["PassageIn"]["properties"]
     assert insert["passages"]["maxItems"] == 2 and passage["text"]["maxLength"] == 50
     assert passage["title"]["maxLength"] == 20
-    assert schemas["DeleteRequest"]["properties"]["keys"]["maxItems"] == 3
+    for field in ("keys", "ids"):  # each an array or null (exactly one given)
+        (array,) = [t for t in schemas["DeleteRequest"]["properties"][field]["anyOf"]
+                    if t["type"] == "array"]
+        assert array["maxItems"] == 3
     for method in ("post", "delete"):
         responses = spec["paths"]["/v1/passages"][method]["responses"]
         assert {"401", "404", "409", "413", "422", "429"} <= set(responses)
@@ -294,6 +297,7 @@ def test_write_limits_are_documented_and_enforced(writable: Any) -> None:
         assert post({"passages": [p(title="t" * 21)]}).status_code == 422
         assert delete({"keys": ["chunk-a", "chunk-b", "chunk-c", "chunk-d"]}).status_code == 422
         assert delete({"keys": ["k" * 65]}).status_code == 422
+        assert delete({"ids": ["a", "b", "c", "d"]}).status_code == 422
         big = json.dumps({"passages": [p()], "pad": "z" * 5_000}).encode()
         assert httpx.post(url + "/v1/passages", content=big,
                           headers={**AUTH, "content-type": "application/json"}).status_code == 413
