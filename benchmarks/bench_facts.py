@@ -64,13 +64,14 @@ def main() -> None:
 
     from hippo_gpu import kernels
     from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.device import chunk_budget
     from hippo_gpu.retrieval.blockwise import block_rows, panel_slabs, scores_against
     from hippo_gpu.retrieval.ranking import minmax_rows
     from hippo_gpu.retrieval.seeds import FACT_BYTES, _fact_topk_blocked, fact_topk
 
     if not kernels.AVAILABLE or kernels.FORCE_TORCH:
         raise SystemExit("the numba kernel path is off: nothing new to measure")
-    budget = RetrievalConfig().chunk_bytes
+    budget = chunk_budget(RetrievalConfig(), torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     queries = torch.nn.functional.normalize(torch.randn(max(args.queries), DIM, generator=gen),
                                             dim=1)

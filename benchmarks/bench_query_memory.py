@@ -75,6 +75,7 @@ def measure_one(index_dir: str, mode: str, budget: int | None, q: int, top_k: in
 
     from hippo_gpu import Searcher, load_index
     from hippo_gpu.config import RetrievalConfig
+    from hippo_gpu.device import chunk_budget
     from hippo_gpu.retrieval.modes import mode_of
     from hippo_gpu.retrieval.seeds import FACT_BYTES, NODE_VECTORS, PASSAGE_BYTES, plan_chunks
 
@@ -109,7 +110,8 @@ def measure_one(index_dir: str, mode: str, budget: int | None, q: int, top_k: in
         facts = FACT_BYTES * q * min(plan.fact_rows, len(index.facts))
     charged = max(plan.query_cols * per_col, facts)
     return {
-        "mode": mode, "dtype": dtype, "budget": budget if budget is not None else cfg.chunk_bytes,
+        "mode": mode, "dtype": dtype,
+        "budget": budget if budget is not None else chunk_budget(cfg, index.device),
         "extra_bytes": peak - before, "rss_before": before, "seconds": round(seconds, 3),
         "query_cols": plan.query_cols, "fact_rows": plan.fact_rows, "charged_bytes": charged,
         "rows": r.passage_rows.tolist(), "scores": r.scores.double().tolist(),

@@ -261,6 +261,10 @@ class IndexConfig:
                    ppr_basis=bool(d.get("ppr_basis", False)))
 
 
+DEFAULT_CHUNK_BYTES = 7 << 28  # 1.75 GiB: 8 query columns per PPR solve at 1M passages
+CUDA_FREE_SHARE = 0.5  # of the free device memory, one retrieval chunk's budget on CUDA
+MIN_CHUNK_BYTES = 1 << 26  # 64 MiB: the least a CUDA chunk budget is, however full the device
+
 MODES = ("hipporag2", "hipporag1", "dense", "hybrid")  # the names; retrieval.modes the values
 
 
@@ -349,7 +353,10 @@ class RetrievalConfig:
         HippoRAG 1 entity ranking are fused by weighted reciprocal rank (see
         hippo_gpu.retrieval.hybrid.hybrid_fusion; k = hybrid_rrf_k). Defaults tuned on the
         even-numbered half of musique_train's questions (benchmarks/tune_hybrid.py).
-    chunk_bytes: working-memory budget of one retrieval chunk, in bytes (default 1.75 GiB). The
+    chunk_bytes: working-memory budget of one retrieval chunk, in bytes; None (the default): on
+        the CPU DEFAULT_CHUNK_BYTES (1.75 GiB), on CUDA half of the device memory free when the
+        call starts, the caching allocator's reusable blocks included (at least 64 MiB;
+        hippo_gpu.device.chunk_budget), so the batch per solve grows with the device. The
         query path never holds a [Q, F] query-fact or a [Q, P] / [N, Q] query-passage/node
         matrix whole once it outgrows this: fact scores are taken in fact-row blocks with a
         running exact top-k, and passage scores, seeds, PPR and fusion run over query-column
@@ -371,10 +378,10 @@ class RetrievalConfig:
     hybrid_weight: float = 0.5
     hybrid_rrf_k: float = 20.0
     hybrid_entity_weight: float = 0.2
-    chunk_bytes: int = 7 << 28  # 1.75 GiB: 8 query columns per PPR solve at 1M passages
+    chunk_bytes: int | None = None  # None: chunk_budget's (the device's) default
 
     def __post_init__(self) -> None:
-        if self.chunk_bytes < 1:
+        if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
         if self.linking_top_k < 1 or self.hybrid_linking_top_k < 1:
             raise ValueError("linking_top_k must be >= 1")

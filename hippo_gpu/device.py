@@ -12,7 +12,16 @@ import sys
 
 import torch
 
-from hippo_gpu.config import DEVICE_CHOICES, PPR_DTYPES, PRECISIONS, PPRSettings, RetrievalConfig
+from hippo_gpu.config import (
+    CUDA_FREE_SHARE,
+    DEFAULT_CHUNK_BYTES,
+    DEVICE_CHOICES,
+    MIN_CHUNK_BYTES,
+    PPR_DTYPES,
+    PRECISIONS,
+    PPRSettings,
+    RetrievalConfig,
+)
 
 
 def check_device(spec: str | torch.device | None) -> torch.device | None:
@@ -69,6 +78,20 @@ def set_threads(threads: int | None = None) -> int:
 # device (it reproduces the official figures); half precision only on request.
 _TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name)
                                          for name in PRECISIONS + PPR_DTYPES}
+
+
+def chunk_budget(config: RetrievalConfig, device: torch.device) -> int:
+    """The working-memory budget in bytes of one retrieval chunk on `device`: the config's
+    chunk_bytes when set; else on CUDA CUDA_FREE_SHARE of the memory free now (the device's
+    free memory plus the blocks torch's caching allocator holds unused, which it reuses first),
+    at least MIN_CHUNK_BYTES; else DEFAULT_CHUNK_BYTES."""
+    if config.chunk_bytes is not None:
+        return config.chunk_bytes
+    if device.type != "cuda":
+        return DEFAULT_CHUNK_BYTES
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(MIN_CHUNK_BYTES, int((free + max(cached, 0)) * CUDA_FREE_SHARE))
 
 
 def precision_dtype(precision: str) -> torch.dtype:

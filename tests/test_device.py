@@ -9,10 +9,19 @@ import sys
 import pytest
 import torch
 
-from hippo_gpu.config import PPR_DTYPES, PRECISIONS, EncoderConfig, RetrievalConfig
+from hippo_gpu.config import (
+    CUDA_FREE_SHARE,
+    DEFAULT_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    PPR_DTYPES,
+    PRECISIONS,
+    EncoderConfig,
+    RetrievalConfig,
+)
 from hippo_gpu.device import (
     HUGE_PAGE_BYTES,
     check_device,
+    chunk_budget,
     host_empty,
     ppr_dtype,
     precision_dtype,
@@ -88,3 +97,35 @@ def test_a_kept_heap_refills_a_freed_large_block_without_page_faults():
     assert kept == "True"
     assert without > 40_000  # 4 KiB pages faulted again (numpy-free torch.empty: no THP advice)
     assert with_heap < without / 10
+
+
+def test_the_cuda_chunk_budget_grows_with_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the batch per solve is sized from the memory free when the call starts (mocked
+    here: no device is touched): half of it, the allocator's unused cache counted as free."""
+    from types import SimpleNamespace
+
+    from hippo_gpu.retrieval.seeds import plan_chunks
+
+    free = {"bytes": 8 << 30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 << 30)
+    cuda, cfg = torch.device("cuda"), RetrievalConfig()
+    assert chunk_budget(cfg, cuda) == int(((8 << 30) + (2 << 30)) * CUDA_FREE_SHARE)
+    # a million-passage index: a query column costs ~0.2 GB, so 8 columns fit 1.75 GiB
+    index = SimpleNamespace(device=cuda, num_nodes=10_000_000, passage_keys=range(1_000_000),
+                            facts=range(9_000_000), phrases=range(9_000_000))
+    cols = []
+    for gib in (4, 16, 70):
+        free["bytes"] = gib << 30
+        cols.append(plan_chunks(index, 4096, cfg).query_cols)
+    assert cols == sorted(cols) and cols[0] < cols[-1] and cols[-1] >= 64, cols
+    free["bytes"] = 0  # a full device still gets a working budget
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 << 30)
+    assert chunk_budget(cfg, cuda) == MIN_CHUNK_BYTES
+    # the CPU keeps its fixed default, and a set chunk_bytes wins everywhere
+    assert chunk_budget(cfg, torch.device("cpu")) == DEFAULT_CHUNK_BYTES
+    assert chunk_budget(RetrievalConfig(chunk_bytes=12345), cuda) == 12345
+    index.device = torch.device("cpu")
+    assert plan_chunks(index, 4096, cfg).query_cols == 8
+

@@ -52,14 +52,24 @@ from hippo_gpu.ppr.rounding import (
     unit_roundoff,
 )
 
-__all__ = ["ClosedForm", "solve_target_rows"]
+__all__ = ["ClosedForm", "build_bytes", "solve_target_rows"]
 
 U64 = 2.0 ** -53
+# [N, T] float64 arrays the build holds at once: the constant term, Z_k, Z_{k+1} and the
+# temporary |Z_k − Z_{k+1}| of the step's bound; G's stored copies come after, from one of them
+BUILD_ARRAYS = 4
 UPCAST_BLOCK = 1 << 24  # entries of G upcast to float64 at a time (128 MB)
 
 
 def _gamma(k: int) -> float:
     return k * U64 / (1.0 - k * U64)
+
+
+def build_bytes(num_nodes: int, num_targets: int) -> int:
+    """The bytes the closed form's build holds at its peak, BUILD_ARRAYS [N, T] float64 arrays
+    (whatever G's storage dtype: it is solved in float64); the sparse operator is extra, and
+    small beside them. tests/ppr/test_closed_form_memory.py measures the peak on the CPU."""
+    return BUILD_ARRAYS * 8 * num_nodes * num_targets
 
 
 def solve_target_rows(

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from hippo_gpu.config import check_ppr_method
 from hippo_gpu.ppr.certificate import check_top_k, stall_steps
-from hippo_gpu.ppr.closed_form import ClosedForm
+from hippo_gpu.ppr.closed_form import ClosedForm, build_bytes
 from hippo_gpu.ppr.iteration import (
     DEFAULT_MAX_ITER,
     ConvergenceError,
@@ -111,11 +111,12 @@ class PPRSolver:
     * ``"chebyshev"``: eq. (4) on the precomputed M, certified by (3) (the default on the CPU).
     * ``"power"``: eq. (2) power iteration, same bound, ~30 % more steps.
     * ``"closed_form"``: x_T = G r / (cᵀ r) with G = L[T, :] solved once
-      (hippo_gpu.ppr.closed_form); needs T·N values of memory.
+      (hippo_gpu.ppr.closed_form); its build holds four [N, T] float64 arrays
+      (closed_form.build_bytes), G then T·N values.
 
-    ``method="auto"`` picks closed form on CUDA when T·N·itemsize ≤ ``memory_budget`` bytes, else
-    chebyshev: on the CPU the build (T columns x ~40 sparse steps: 13 s for T = 2k, N = 12k on one
-    core) outweighs its per-query gain (benchmarks/bench_ppr.py).
+    ``method="auto"`` picks closed form on CUDA when its build (32·T·N bytes) fits
+    ``memory_budget``, else chebyshev: on the CPU the build (T columns x ~40 sparse steps: 13 s
+    for T = 2k, N = 12k on one core) outweighs its per-query gain (benchmarks/bench_ppr.py).
 
     Backends for the two iterations (``kernel``): ``"numba"``, the fused cache-blocked CPU kernel
     of hippo_gpu.kernels.ppr_cpu (default on the CPU when ``kernels.AVAILABLE`` and
@@ -134,7 +135,8 @@ class PPRSolver:
             "closed_form").
         reorder: reverse Cuthill–McKee reordering of the rows (None: on for the numba kernel,
             whose gathers it keeps cache-local; off for torch).
-        memory_budget: bytes allowed for G in "auto".
+        memory_budget: bytes allowed for the closed form's build (closed_form.build_bytes);
+            "auto" picks it only within them, an explicit "closed_form" beyond them is refused.
         tol: default L1 error bound per column, of the scores as returned (a tol at or below
             the rounding of a ``dtype`` result is refused: ToleranceError, rounding.py).
         max_iter: default iteration cap.
@@ -169,8 +171,8 @@ class PPRSolver:
         self.num_nodes = n
         self.damping = check_damping(damping)
         self.dtype = dtype
-        self.method = _resolve_method(method, targets.numel() * n * dtype.itemsize,
-                                      memory_budget, device)
+        self.method = _resolve_method(method, build_bytes(n, targets.numel()), memory_budget,
+                                      device)
         self.tol = check_tol(default_tol(dtype) if tol is None else tol, dtype, n)
         self.max_iter = int(max_iter)
         self.top_k = check_top_k(top_k) or None

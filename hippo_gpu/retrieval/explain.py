@@ -86,7 +86,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.config import RetrievalConfig
-from hippo_gpu.device import ppr_dtype
+from hippo_gpu.device import chunk_budget, ppr_dtype
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.ppr import ConvergenceError, PPRSolver
 from hippo_gpu.retrieval.blockwise import spans
@@ -119,11 +119,11 @@ U32 = 2.0 ** -24
 
 def query_chunk(index: Index, top_k: int, cfg: RetrievalConfig) -> int:
     """Queries explained at once: each solves up to linking_top_k + top_k + 1 float64 columns of
-    NODE_VECTORS [N] vectors each, kept within ``cfg.chunk_bytes``."""
+    NODE_VECTORS [N] vectors each, kept within the chunk budget (device.chunk_budget)."""
     link_k = max(cfg.linking_top_k, cfg.hybrid_linking_top_k)
     cols = link_k + min(top_k, len(index.passage_keys)) + 1
     per_query = cols * NODE_VECTORS * 8 * max(index.num_nodes, 1)
-    return max(1, cfg.chunk_bytes // per_query)
+    return max(1, chunk_budget(cfg, index.device) // per_query)
 
 
 @dataclass(frozen=True)

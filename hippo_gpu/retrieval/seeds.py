@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from hippo_gpu.config import RetrievalConfig
-from hippo_gpu.device import ppr_dtype
+from hippo_gpu.device import chunk_budget, ppr_dtype
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.blockwise import ROW_ALIGN, block_rows, panel_slabs, scores_against, spans
 from hippo_gpu.retrieval.modes import HIPPORAG2, Mode
@@ -47,14 +47,15 @@ class ChunkPlan:
 
 def plan_chunks(index: Index, num_queries: int, cfg: RetrievalConfig,
                 num_entities: int = 0) -> ChunkPlan:
-    """Chunk sizes for a batch of `num_queries` queries (and entities) within cfg.chunk_bytes.
+    """Chunk sizes for a batch of `num_queries` queries (and entities) within the chunk budget
+    (hippo_gpu.device.chunk_budget: cfg.chunk_bytes, or the device's default).
 
     A query column costs about NODE_VECTORS x itemsize x N (seeds and PPR state) plus
     PASSAGE_BYTES x P (scores, ranks) bytes, so c = budget / that (at least 1, at most Q); a
     fact row costs FACT_BYTES x Q, a phrase row LINK_BYTES x E (blockwise.block_rows: all rows
     when they fit, else aligned blocks). Everything fits at once on small indexes: one chunk.
     """
-    budget = cfg.chunk_bytes
+    budget = chunk_budget(cfg, index.device)
     itemsize = ppr_dtype(cfg).itemsize
     per_col = NODE_VECTORS * itemsize * index.num_nodes + PASSAGE_BYTES * len(index.passage_keys)
     cols = max(1, min(num_queries, budget // max(per_col, 1)))
