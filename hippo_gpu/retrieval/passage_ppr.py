@@ -26,14 +26,23 @@ __all__ = ["iterate_chunk", "linear_ppr", "solve_linear_chunk"]
 
 def linear_ppr(index: Index, cfg: RetrievalConfig) -> LinearPPR | None:
     """The PPR by linearity of ``index`` where ``cfg.ppr_method`` picks it ("basis_push", or
-    "auto" with a stored basis of this damping and the numba kernels); None: iterate. An
-    explicit "basis_push" on an index without a basis for this damping solves one now."""
+    "auto" on the CPU with a stored basis of this damping and the numba kernels); None:
+    iterate. An explicit "basis_push" on an index without a basis for this damping solves one
+    now.
+
+    "auto" iterates on CUDA: the push is a host kernel (numba), so the linear path would send
+    every chunk's seeds to the host and its [c, P] dense half back, while the iteration is one
+    batched device solve of the chunk's [N, c] reset vectors with no host round trip. A device
+    solve of the seeds' part alone would cost the same sweeps as the whole reset vector (the
+    sweeps visit every edge whatever the reset), so the basis saves nothing there. (Not yet run
+    on a GPU.)"""
     if cfg.ppr_method not in ("auto", "basis_push") or len(index.passage_keys) == 0:
         return None
     basis = index.basis
     if basis is not None and basis.damping != cfg.damping:
         basis = None
-    if cfg.ppr_method == "auto" and (basis is None or not linear_available()):
+    if cfg.ppr_method == "auto" and (basis is None or not linear_available()
+                                     or index.device.type == "cuda"):
         return None
     if not linear_available():
         raise ValueError("ppr_method 'basis_push' needs numba (the 'kernels' extra)")
