@@ -133,6 +133,9 @@ def _tool_error(e: Exception) -> ToolError:
     return ToolError(str(e))
 
 
+_Scalar = str | int | float | bool | None  # a metadata filter's values (indexing/labels.py)
+
+
 class _ArgTypes(NamedTuple):
     """The query tools' argument types: they carry this server's limits, and the SDK builds
     each tool's input schema from them."""
@@ -143,6 +146,7 @@ class _ArgTypes(NamedTuple):
     index: Any
     mode: Any
     steps: Any
+    where: Any
 
 
 def _arg_types(limits: QueryLimits, names: list[str], default: str,
@@ -168,6 +172,11 @@ def _arg_types(limits: QueryLimits, names: list[str], default: str,
         mode=Annotated[Literal[MODES], Field(description="retrieval mode")],  # type: ignore[valid-type]
         steps=Annotated[int, Field(ge=1, le=max_ircot_steps, description=(
             "retrievals at most: the question's own, then one per thought"))],
+        where=Annotated[
+            dict[str, _Scalar | Annotated[list[_Scalar], Field(min_length=1)]] | None,
+            Field(min_length=1, description=(
+                "a metadata filter: only passages whose own metadata has each field equal to "
+                "its value (or to one of a list); applied after the PPR, scores unchanged"))],
     )
 
 
@@ -181,7 +190,8 @@ class _OneQuery:
 
     async def __call__(self, query: str, top_k: int, mode: str, index: str | None,
                        entities: list[str] | None, *, explain: bool = False,
-                       ircot_steps: int | None = None) -> tuple[str, Answer, IRCoTResult | None]:
+                       ircot_steps: int | None = None, where: dict[str, Any] | None = None
+                       ) -> tuple[str, Answer, IRCoTResult | None]:
         """(index name, answer, IRCoT result when `ircot_steps`)."""
         _check_arguments(query, entities)
         how = mode_of(mode)  # the tool's schema admits only config.MODES
@@ -195,12 +205,13 @@ class _OneQuery:
             if ircot_steps is None:
                 answers = await service.retrieve(
                     [query], top_k=top_k, mode=how, index=served.name, entities=ents,
-                    transport="mcp", explain=explain)
+                    transport="mcp", explain=explain, where=where)
             else:
                 assert self.reasoner is not None  # the tool is registered only with one
                 answers, results = await answer_ircot(
                     service, self.reasoner, [query], top_k=top_k, mode=how,
-                    max_steps=ircot_steps, entities=ents, index=served.name, transport="mcp")
+                    max_steps=ircot_steps, entities=ents, index=served.name, transport="mcp",
+                    where=where)
                 result = results[0]
         except _SHARED_ERRORS as e:
             raise _tool_error(e) from e
@@ -212,7 +223,7 @@ class _OneQuery:
 def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
                      limits: QueryLimits, max_ircot_steps: int, *, ircot: bool) -> None:
     """The tools `retrieve` and `explain`, and `retrieve_ircot` when `ircot`."""
-    query_text, top_k_type, entities_type, index_type, mode_type, steps_type = types
+    query_text, top_k_type, entities_type, index_type, mode_type, steps_type, where_type = types
     read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
     async def retrieve(
@@ -221,9 +232,10 @@ def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
         mode: mode_type = "hipporag2",  # type: ignore[valid-type]
         index: index_type = None,  # type: ignore[valid-type]
         entities: entities_type = None,  # type: ignore[valid-type]
+        where: where_type = None,  # type: ignore[valid-type]
     ) -> RetrieveOut:
         """Rank the indexed passages for one question; best first."""
-        name, answer, _ = await one_query(query, top_k, mode, index, entities)
+        name, answer, _ = await one_query(query, top_k, mode, index, entities, where=where)
         return RetrieveOut(index=name, version=answer.version, mode=mode,
                            hits=[HitOut(**h) for h in answer.hits], entities=answer.entities)
 
@@ -233,10 +245,12 @@ def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
         mode: mode_type = "hipporag2",  # type: ignore[valid-type]
         index: index_type = None,  # type: ignore[valid-type]
         entities: entities_type = None,  # type: ignore[valid-type]
+        where: where_type = None,  # type: ignore[valid-type]
     ) -> dict[str, Any]:
         """Why each passage ranked where it did: the hits of `retrieve`, each score split into
         one term per seed phrase and one for the dense prior, within a certified bound."""
-        name, answer, _ = await one_query(query, top_k, mode, index, entities, explain=True)
+        name, answer, _ = await one_query(query, top_k, mode, index, entities, explain=True,
+                                          where=where)
         return {"index": name, "explanation": answer.explanation}
 
     async def retrieve_ircot(
@@ -246,11 +260,12 @@ def _add_query_tools(server: MCPServer, one_query: _OneQuery, types: _ArgTypes,
         mode: mode_type = "hipporag2",  # type: ignore[valid-type]
         index: index_type = None,  # type: ignore[valid-type]
         entities: entities_type = None,  # type: ignore[valid-type]
+        where: where_type = None,  # type: ignore[valid-type]
     ) -> IRCoTOut:
         """Multi-step retrieval: the question's ranking, then an LLM thought per step, each
         retrieved in turn; every passage found keeps its best score, best first."""
         name, answer, result = await one_query(query, top_k, mode, index, entities,
-                                               ircot_steps=max_steps)
+                                               ircot_steps=max_steps, where=where)
         assert result is not None
         return IRCoTOut(index=name, version=answer.version, mode=mode,
                         hits=[HitOut(**h) for h in answer.hits], **trace(result))

@@ -144,3 +144,33 @@ def test_the_cli_shows_filters_and_deletes_by_id(tmp_path: Path) -> None:
         r["passage_ids"] == [left.labels.id_of(k) for k in r["keys"]] and
         [json.loads(m) for m in r["passage_metadata"]] ==
         [left.labels.metadata_of(k) for k in r["keys"]] for r in table)
+
+
+def test_mcp_tools_carry_labels_and_filter(tmp_path: Path) -> None:
+    """The MCP `retrieve` and `explain` tools over /mcp: the same filter, the same labels."""
+    import asyncio
+
+    pytest.importorskip("mcp")
+    httpx2 = pytest.importorskip("httpx2")
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    corpus, openie = _corpus()
+    searcher = Searcher(build_index(corpus, openie, None, device="cpu", encoder="hash:64"))
+    want = searcher.retrieve(QUERIES[:1], top_k=5, mode="hybrid", where=WHERE)[0]
+
+    async def run(url: str) -> None:
+        async with httpx2.AsyncClient(headers=AUTH, timeout=120) as http, \
+                Client(streamable_http_client(url + "/mcp", http_client=http)) as client:
+            r = await client.call_tool("retrieve", {"query": QUERIES[0], "top_k": 5,
+                                                    "mode": "hybrid", "where": WHERE})
+            hits = r.structured_content["hits"]
+            assert [(h["key"], h["id"]) for h in hits] == [(x.key, x.id) for x in want]
+            _own(hits, corpus)
+            r = await client.call_tool("explain", {"query": QUERIES[0], "top_k": 3,
+                                                   "where": WHERE})
+            explained = json.loads(r.content[0].text)["explanation"]["hits"]
+            assert all(h["metadata"]["third"] == 0 for h in explained) and len(explained) == 3
+
+    with serve_asgi(create_app(searcher, ServerConfig(token=TOKEN))) as (url, _):
+        asyncio.run(asyncio.wait_for(run(url), 300))
