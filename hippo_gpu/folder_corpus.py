@@ -14,10 +14,12 @@ What it does, in order:
    Chunks are trimmed; ``overlap`` characters of the previous chunk may repeat at the start of
    the next (default 0: HippoRAG passages do not overlap, and overlapping text would give the
    same triples to two passages).
-3. Each chunk becomes a passage ``{"title", "text"}``: the title is the file's relative path,
-   with ``(i/n)`` appended when the file gave n > 1 chunks. Titles are unique, so passage keys
-   (``title + "\\n" + text``, hippo_gpu.data.passage_key) are too. A file with no text is
-   skipped and reported.
+3. Each chunk becomes a passage ``{"title", "text", "id", "metadata"}``: the title is the
+   file's relative path, with ``(i/n)`` appended when the file gave n > 1 chunks; the id is
+   ``path#i`` and the metadata ``{"path": path, "chunk": i, "chunks": n}`` (the passage's own
+   labels, returned on its hits: ``where={"path": "notes/a.md"}`` keeps one file's chunks).
+   Titles are unique, so passage keys (``title + "\\n" + text``, hippo_gpu.data.passage_key)
+   are too. A file with no text is skipped and reported.
 
 The result is an ordinary corpus: write it as JSON (``hippo-gpu corpus``) and give that file to
 ``extract``, ``index`` and ``insert``, so every later step reads the same passages. The folder
@@ -91,7 +93,8 @@ def folder_corpus(folder: str | Path, *, max_chars: int = DEFAULT_MAX_CHARS,
             out.empty.append(rel)
             continue
         n = len(chunks)
-        out.passages += [{"title": rel if n == 1 else f"{rel} ({i}/{n})", "text": c}
+        out.passages += [{"title": rel if n == 1 else f"{rel} ({i}/{n})", "text": c,
+                          "id": f"{rel}#{i}", "metadata": {"path": rel, "chunk": i, "chunks": n}}
                          for i, c in enumerate(chunks, start=1)]
     if out.files == 0:
         raise ValueError(f"{folder}: no {', '.join(SUFFIXES)} file in it (hidden ones are "

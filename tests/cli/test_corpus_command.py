@@ -53,6 +53,11 @@ def test_a_folder_becomes_passages_within_max_chars(tmp_path: Path) -> None:
     assert made.passages[-1]["text"] == "The Lumen Museum opened in 1902."  # BOM and \n gone
     one = folder_corpus(tmp_path / "docs", max_chars=10_000)
     assert [p["title"] for p in one.passages] == ["a.md", "sub/b.txt"]
+    assert [(p["id"], p["metadata"]) for p in one.passages] == [
+        ("a.md#1", {"path": "a.md", "chunk": 1, "chunks": 1}),
+        ("sub/b.txt#1", {"path": "sub/b.txt", "chunk": 1, "chunks": 1})]
+    assert [p["id"] for p in made.passages] == [f"a.md#{i}" for i in range(1, n + 1)] + \
+        ["sub/b.txt#1"]
     overlapping = folder_corpus(tmp_path / "docs", max_chars=200, overlap=60)
     assert len(_words(" ".join(p["text"] for p in overlapping.passages))) > len(_words(
         " ".join(p["text"] for p in made.passages)))
