@@ -35,6 +35,25 @@ def test_topk_stable_takes_the_lowest_indices_among_ties_at_the_cut(device: str)
             assert vals[r].tolist() == [scores[r, j].item() for j in want]
 
 
+def test_topk_stable_mixes_clean_and_spilling_rows_in_one_batch() -> None:
+    """topk's own indices serve the rows whose ties at the cut it took whole; the rows whose
+    ties spill past the k-th place take the exact cut: both in one batch, against the Python
+    sort, with signed zeros and infinities among the ties (== treats -0.0 and 0.0 alike)."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.tensor([-float("inf"), -1.0, -0.0, 0.0, 0.5, 1.0, float("inf")])
+    for trial in range(300):
+        q, n = 1 + trial % 7, 1 + trial % 53
+        scores = values[torch.randint(0, len(values), (q, n), generator=gen)]
+        distinct = torch.rand(q, n, generator=gen)  # float scores: no ties in these rows
+        scores = torch.where((torch.arange(q) % 2 == 0).unsqueeze(1), distinct, scores)
+        k = 1 + trial % (n + 1)
+        vals, idx = topk_stable(scores, k)
+        for r in range(q):
+            want = _reference_topk(scores[r].tolist(), k)
+            assert idx[r].tolist() == want, (scores[r].tolist(), k)
+            assert vals[r].tolist() == [scores[r, j].item() for j in want]
+
+
 def test_topk_stable_of_empty_batches_and_k_past_the_row() -> None:
     scores = torch.tensor([[0.5, 0.7, 0.5], [0.1, 0.1, 0.3]])
     for q, k in ((0, 3), (2, 0), (0, 0)):
