@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SUFFIXES = (".txt", ".md", ".markdown")
 MARKDOWN = (".md", ".markdown")
@@ -42,7 +43,7 @@ DEFAULT_MAX_CHARS = 1200  # a few paragraphs: MuSiQue's passages are 400-800 cha
 class FolderCorpus:
     """The passages of a folder and what was read to make them."""
 
-    passages: list[dict[str, str]]
+    passages: list[dict[str, Any]]
     files: int  # text files read
     empty: list[str] = field(default_factory=list)  # relative paths of files with no text
 
