@@ -37,6 +37,7 @@ and one for the dense prior (hippo_gpu.retrieval.explain), from the inputs `rank
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -53,6 +54,7 @@ from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
 from hippo_gpu.retrieval.blockwise import scores_against, spans
 from hippo_gpu.retrieval.call import Clock, RankCall
+from hippo_gpu.retrieval.compact_facts import COMPACT_MAX_QUERIES, CompactFacts
 from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.retrieval.entity_ranker import EntityRanker, check_entities
 from hippo_gpu.retrieval.explain import Capture, explain_ranking
@@ -148,6 +150,8 @@ class Searcher:
         self._solvers = SolverCache()  # one per (graph, PPR settings), built on first use
         self.entities = EntityRanker(index, self._solvers, self.query_encoder)
         self._linears: dict[float, LinearPPR] = {}  # hipporag2 by linearity, per damping
+        self._compact: tuple[Tensor, CompactFacts] | None = None  # (fact rows, their codes)
+        self._compact_lock = threading.Lock()  # served queries run on several threads
 
     @property
     def device(self) -> torch.device:
@@ -396,7 +400,8 @@ class Searcher:
         outcome): fact blocks within the budget, then the optional recognition filter."""
         link_k = call.mode.link_k(call.cfg)
         cand_scores, cand_rows = fact_topk(e_fact, self.index.fact_emb, link_k,
-                                           call.plan.fact_rows)
+                                           call.plan.fact_rows,
+                                           compact=self._compact_facts(len(call.queries)))
         call.clock.lap("facts")
         kept = torch.ones_like(cand_rows, dtype=torch.bool)
         outcome = None
@@ -451,6 +456,19 @@ class Searcher:
         seed_facts = torch.where(kept, cand_rows, torch.full_like(cand_rows, -1))
         return Ranking(rows, scores, clock.seconds, fallback, seed_facts, outcome, report,
                        fact_table=index.facts)
+
+    def _compact_facts(self, num_queries: int) -> CompactFacts | None:
+        """The int8 codes of the index's fact rows, made on the first batch small enough to
+        use them (retrieval.compact_facts: fewer than COMPACT_MAX_QUERIES queries, float32
+        facts on the CPU); None otherwise."""
+        facts = self.index.fact_emb
+        if num_queries >= COMPACT_MAX_QUERIES or facts.device.type != "cpu" or \
+                facts.dtype != torch.float32 or facts.shape[0] == 0:
+            return None
+        with self._compact_lock:
+            if self._compact is None or self._compact[0] is not facts:
+                self._compact = (facts, CompactFacts.of(facts))
+            return self._compact[1]
 
     def _linear(self, cfg: RetrievalConfig) -> LinearPPR | None:
         """hipporag2's PPR by linearity for ``cfg`` (passage_ppr.linear_ppr), built once per

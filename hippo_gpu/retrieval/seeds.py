@@ -15,6 +15,7 @@ from hippo_gpu.config import RetrievalConfig
 from hippo_gpu.device import chunk_budget, ppr_dtype
 from hippo_gpu.indexing.index import Index
 from hippo_gpu.retrieval.blockwise import ROW_ALIGN, block_rows, panel_slabs, scores_against, spans
+from hippo_gpu.retrieval.compact_facts import COMPACT_MAX_QUERIES, CompactFacts, compact_topk
 from hippo_gpu.retrieval.modes import HIPPORAG2, Mode
 from hippo_gpu.retrieval.ranking import minmax_rows, scale_rows, topk_stable
 
@@ -69,7 +70,8 @@ def plan_chunks(index: Index, num_queries: int, cfg: RetrievalConfig,
 
 
 def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
-              rows_per_block: int | None = None) -> tuple[Tensor, Tensor]:
+              rows_per_block: int | None = None,
+              compact: CompactFacts | None = None) -> tuple[Tensor, Tensor]:
     """The k best facts per query by min-max normalised cosine, ties by the lower fact row.
 
     s[q, f] = minmax_f(e_q · v_f) over all F facts; returns ([Q, K] float32 scores s, [Q, K]
@@ -95,6 +97,11 @@ def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
     Elsewhere (CUDA, float64, no numba, or HIPPO_GPU_FORCE_TORCH): `_fact_topk_blocked`, one
     GEMM per block of `rows_per_block` fact rows and torch top-k.
 
+    With `compact` (the int8 codes of float32 `fact_emb`), a batch of fewer than
+    COMPACT_MAX_QUERIES queries on the kernel path reads the codes instead
+    (hippo_gpu.retrieval.compact_facts: the same answer, bit for bit, by its proof); a query
+    whose selection it cannot certify takes the path above.
+
     Args:
         query_emb: [Q, D] L2-normalised query vectors.
         fact_emb: [F, D] fact vectors (F >= 1; the index's dtype: scores are in it until
@@ -105,8 +112,26 @@ def fact_topk(query_emb: Tensor, fact_emb: Tensor, k: int,
     f = fact_emb.shape[0]
     size = f if rows_per_block is None else max(1, min(rows_per_block, f))
     if _kernel_path(query_emb, fact_emb, k):
+        if compact is not None and query_emb.shape[0] < COMPACT_MAX_QUERIES and \
+                fact_emb.dtype == torch.float32:
+            return _fact_topk_compact(query_emb, fact_emb, k, size, compact)
         return _fact_topk_kernel(query_emb, fact_emb, k, size)
     return _fact_topk_blocked(query_emb, fact_emb, k, size)
+
+
+def _fact_topk_compact(query_emb: Tensor, fact_emb: Tensor, k: int, size: int,
+                       compact: CompactFacts) -> tuple[Tensor, Tensor]:
+    """fact_topk of a few queries through the int8 codes, query by query; the queries whose
+    selection is not certified take the kernel path together."""
+    x = query_emb.to("cpu", torch.float32)
+    answers = [compact_topk(x[i:i + 1], fact_emb, compact, k) for i in range(x.shape[0])]
+    rest = [i for i, a in enumerate(answers) if a is None]
+    if rest:
+        val, row = _fact_topk_kernel(x[rest], fact_emb, k, size)
+        for j, i in enumerate(rest):
+            answers[i] = (val[j:j + 1], row[j:j + 1])
+    return (torch.cat([a[0] for a in answers if a is not None]),
+            torch.cat([a[1] for a in answers if a is not None]))
 
 
 def _kernel_path(query_emb: Tensor, fact_emb: Tensor, k: int) -> bool:

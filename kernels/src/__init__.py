@@ -4,6 +4,8 @@
   :class:`hippo_gpu.ppr.PPRSolver` when ``AVAILABLE``.
 * ``ppr_triton`` (Triton): one fused PPR step on CUDA, opt-in (``USE_TRITON`` or
   ``PPRSolver(kernel="triton")``) until a GPU run shows it faster than cuSPARSE.
+* ``compact_cpu`` (numba): the int8 first pass of a lone query's fact scan, behind
+  :mod:`hippo_gpu.retrieval.compact_facts`.
 * ``topk_cpu`` (numba): insertion-buffer top-k, behind the synonym join
   (:func:`hippo_gpu.indexing.cosine_join.nearest_lists`) and the one-pass fact top-k
   (:func:`hippo_gpu.retrieval.seeds.fact_topk`) on the CPU when ``AVAILABLE``.
