@@ -37,6 +37,7 @@ and one for the dense prior (hippo_gpu.retrieval.explain), from the inputs `rank
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -77,6 +78,7 @@ from hippo_gpu.retrieval.seeds import fact_topk, plan_chunks, reset_vectors
 from hippo_gpu.retrieval.solvers import SolverCache
 from hippo_gpu.versions.load import refresh_index
 
+log = logging.getLogger(__name__)
 __all__ = ["Searcher"]
 
 
@@ -151,6 +153,7 @@ class Searcher:
         self.entities = EntityRanker(index, self._solvers, self.query_encoder)
         self._linears: dict[float, LinearPPR] = {}  # hipporag2 by linearity, per damping
         self._compact: tuple[Tensor, CompactFacts] | None = None  # (fact rows, their codes)
+        self._compact_job: threading.Thread | None = None  # the codes' background build
         self._compact_lock = threading.Lock()  # served queries run on several threads
 
     @property
@@ -190,6 +193,7 @@ class Searcher:
         for mode in map(mode_of, modes):
             if mode.linking != "entities":
                 self.rank(["warm-up query"], top_k=1, mode=mode)
+        self.wait_for_codes()  # a lone query's fact codes, started by the lone warm-up query
 
     def encode_queries(self, queries: list[str],
                        query_emb: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -458,17 +462,38 @@ class Searcher:
                        fact_table=index.facts)
 
     def _compact_facts(self, num_queries: int) -> CompactFacts | None:
-        """The int8 codes of the index's fact rows, made on the first batch small enough to
-        use them (retrieval.compact_facts: fewer than COMPACT_MAX_QUERIES queries, float32
-        facts on the CPU); None otherwise."""
+        """The int8 codes of the index's fact rows for a batch small enough to use them
+        (retrieval.compact_facts: fewer than COMPACT_MAX_QUERIES queries, float32 facts on
+        the CPU), else None. They are made off the request path: the first such batch starts
+        a background thread and takes the full scan, as every batch does until the codes are
+        ready (the answers are the same either way; `warm_up` waits for them)."""
         facts = self.index.fact_emb
         if num_queries >= COMPACT_MAX_QUERIES or facts.device.type != "cpu" or \
                 facts.dtype != torch.float32 or facts.shape[0] == 0:
             return None
         with self._compact_lock:
-            if self._compact is None or self._compact[0] is not facts:
-                self._compact = (facts, CompactFacts.of(facts))
-            return self._compact[1]
+            if self._compact is not None and self._compact[0] is facts:
+                return self._compact[1]
+            if self._compact_job is None:
+                self._compact_job = threading.Thread(target=self._make_codes, args=(facts,),
+                                                     name="hippo-gpu-fact-codes", daemon=True)
+                self._compact_job.start()
+        return None
+
+    def _make_codes(self, facts: Tensor) -> None:
+        try:
+            codes = CompactFacts.of(facts)
+        except MemoryError:  # lone queries keep the full scan: slower, the same answers
+            log.warning("no memory for the int8 fact codes; lone queries scan float32 rows")
+            return
+        with self._compact_lock:
+            self._compact = (facts, codes)
+
+    def wait_for_codes(self, timeout: float | None = None) -> None:
+        """Block until a background build of the fact codes (if one runs) has finished."""
+        job = self._compact_job
+        if job is not None:
+            job.join(timeout)
 
     def _linear(self, cfg: RetrievalConfig) -> LinearPPR | None:
         """hipporag2's PPR by linearity for ``cfg`` (passage_ppr.linear_ppr), built once per

@@ -86,6 +86,8 @@ def test_a_lone_query_ranks_as_it_does_in_a_batch(sample_searcher) -> None:
     batch = (QUERIES + [q.replace("?", "") for q in QUERIES] + ["lighthouse", "Alzheimer"])[:8]
     vec = torch.cat([sample_searcher.encode_queries([q])[0] for q in batch])
     together = sample_searcher.rank(batch, top_k=10, query_emb=vec)
+    sample_searcher._compact_facts(1)  # starts the codes' background build
+    sample_searcher.wait_for_codes(60)
     assert sample_searcher._compact_facts(1) is not None
     assert sample_searcher._compact_facts(8) is None
     for i, text in enumerate(batch):
