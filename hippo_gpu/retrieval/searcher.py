@@ -79,6 +79,7 @@ from hippo_gpu.retrieval.solvers import SolverCache
 from hippo_gpu.versions.load import refresh_index
 
 log = logging.getLogger(__name__)
+
 __all__ = ["Searcher"]
 
 

@@ -31,6 +31,10 @@ ASSETS = {
 }
 
 
+MISSING = (b"the API viewers' files come with the fastapi-offline package: "
+           b"pip install 'hippo-gpu[serve]' (the contract itself is at /openapi.json)")
+
+
 @functools.cache
 def _asset(name: str) -> bytes:
     return (resources.files("fastapi_offline") / "static" / name).read_bytes()
@@ -65,6 +69,10 @@ def add_doc_routes(app: FastAPI, *, home: str) -> None:
         if name not in ASSETS:
             return Response(b'{"detail":"Not Found"}', status_code=404,
                             media_type="application/json")
-        return Response(_asset(name), media_type=ASSETS[name],
+        try:
+            body = _asset(name)
+        except ModuleNotFoundError:  # a lean install: the viewers' files are not there
+            return Response(MISSING, status_code=503, media_type="text/plain; charset=utf-8")
+        return Response(body, media_type=ASSETS[name],
                         headers={"Cache-Control": "max-age=86400",
                                  "X-Content-Type-Options": "nosniff"})

@@ -357,6 +357,18 @@ def test_health_ready_stats_docs(searcher: Any, index_dir: Path) -> None:
                 assert asset.status_code == 200 and len(asset.content) > 1000, u
         assert c.get("/docs/assets/other.js").status_code == 404
         home = c.get("/", follow_redirects=False)
+        from hippo_gpu.serve import doc_pages
+
+        def missing(name: str) -> bytes:  # a lean install without fastapi-offline
+            raise ModuleNotFoundError("fastapi_offline")
+
+        real = doc_pages._asset
+        doc_pages._asset = missing  # type: ignore[assignment]
+        try:
+            lean = c.get("/docs/assets/swagger-ui.css")
+        finally:
+            doc_pages._asset = real
+        assert lean.status_code == 503 and "pip install 'hippo-gpu[serve]'" in lean.text
         assert home.status_code == 307 and home.headers["location"] == "/ui/"
         spec = c.get("/openapi.json").json()
         assert {"/v1/retrieve", "/v1/stats", "/healthz", "/readyz"} <= set(spec["paths"])

@@ -188,7 +188,11 @@
          el("span", { class: "hit-score", text: fmt(h.score) }));
       // the indexed text is "title\nbody": the title is already on the button
       const body = h.text.startsWith(h.title + "\n") ? h.text.slice(h.title.length + 1) : h.text;
-      hits.append(el("li", {}, button, el("p", { class: "hit-text", text: body })));
+      // the passage's own id and metadata, when its corpus item gave them
+      const own = [h.id !== undefined ? `id ${h.id}` : "",
+                   h.metadata !== undefined ? JSON.stringify(h.metadata) : ""].filter(Boolean);
+      hits.append(el("li", {}, button, el("p", { class: "hit-text", text: body }),
+                     own.length ? el("p", { class: "hit-label muted", text: own.join(" · ") }) : ""));
     });
     const seeds = $("seeds");
     clear(seeds);
