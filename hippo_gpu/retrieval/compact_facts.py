@@ -36,12 +36,13 @@ scale(w) < the k-th scaled value. Where that fails (a tie the scaling may make, 
 or k ≥ F, the query takes the full scan: rare, and the answer is the same either way.
 
 Whether a batch takes this path or the full scan is a matter of speed only (the answers are
-equal): `fact_topk` sends batches of fewer than COMPACT_MAX_QUERIES queries here, where the
-padded 8-query panel is mostly zeros. The codes cost D + 32 bytes per fact beside its 4 D
-bytes of float32, made once per Searcher on its first small batch (`CompactFacts.of`: ~2 s
-for 900k facts here). Measured on 900k random facts (D = 64, 1 thread): the stage of a lone
-query 55 -> 18 ms (benchmarks/bench_compact_floor.py has the floors: the int8 dot products
-alone 10 ms, the float32 read 22 ms).
+equal): the Searcher sends batches of fewer than COMPACT_MAX_QUERIES queries here, where the
+padded 8-query panel is mostly zeros, on fact tables of at least COMPACT_MIN_ROWS rows. The
+codes cost D + 32 bytes per fact beside its 4 D bytes of float32, made once per Searcher in
+the background after its first small batch (`CompactFacts.of`: ~2 s for 900k facts here).
+On the 100k synthetic index (~900k facts, 1 thread) a lone query's fact stage takes 17.9 ms
+where the full scan took 37.3 (benchmarks/bench_scale.py; bench_compact_floor.py has the
+floors of one read: 28 ms of float32, 7 ms of int8, on the same machine).
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ from torch import Tensor
 from hippo_gpu.retrieval.blockwise import ROW_ALIGN, scores_against
 from hippo_gpu.retrieval.ranking import scale_rows
 
-__all__ = ["COMPACT_MAX_QUERIES", "CompactFacts", "compact_topk"]
+__all__ = ["COMPACT_MAX_QUERIES", "COMPACT_MIN_ROWS", "CompactFacts", "compact_topk"]
 
 COMPACT_MAX_QUERIES = 3  # 1 or 2 queries: at least 6 of the padded 8-query panel are zeros
+# The re-score reads the slabs holding a candidate (16 of 879 for a lone query on 900k random
+# facts): the codes pay only where those are a small part of the table, from 128 slabs on
+# (measured here at D = 64: even at 64 slabs, slower at 17k facts of D = 384, 2x faster at 200k)
+COMPACT_MIN_ROWS = 128 * ROW_ALIGN
 CANDIDATES = 1 << 14  # capacity of each candidate list (more: the query takes the full scan)
 U32 = 2.0 ** -24
 U64 = 2.0 ** -53

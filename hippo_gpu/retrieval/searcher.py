@@ -55,7 +55,7 @@ from hippo_gpu.ppr import PPRSolver
 from hippo_gpu.ppr.linear import LinearPPR
 from hippo_gpu.retrieval.blockwise import scores_against, spans
 from hippo_gpu.retrieval.call import Clock, RankCall
-from hippo_gpu.retrieval.compact_facts import COMPACT_MAX_QUERIES, CompactFacts
+from hippo_gpu.retrieval.compact_facts import COMPACT_MAX_QUERIES, COMPACT_MIN_ROWS, CompactFacts
 from hippo_gpu.retrieval.entities import heuristic_entities
 from hippo_gpu.retrieval.entity_ranker import EntityRanker, check_entities
 from hippo_gpu.retrieval.explain import Capture, explain_ranking
@@ -464,13 +464,14 @@ class Searcher:
 
     def _compact_facts(self, num_queries: int) -> CompactFacts | None:
         """The int8 codes of the index's fact rows for a batch small enough to use them
-        (retrieval.compact_facts: fewer than COMPACT_MAX_QUERIES queries, float32 facts on
-        the CPU), else None. They are made off the request path: the first such batch starts
-        a background thread and takes the full scan, as every batch does until the codes are
-        ready (the answers are the same either way; `warm_up` waits for them)."""
+        (retrieval.compact_facts: fewer than COMPACT_MAX_QUERIES queries, at least
+        COMPACT_MIN_ROWS float32 facts on the CPU), else None. They are made off the request
+        path: the first such batch starts a background thread and takes the full scan, as
+        every batch does until the codes are ready (the answers are the same either way;
+        `warm_up` waits for them)."""
         facts = self.index.fact_emb
         if num_queries >= COMPACT_MAX_QUERIES or facts.device.type != "cpu" or \
-                facts.dtype != torch.float32 or facts.shape[0] == 0:
+                facts.dtype != torch.float32 or facts.shape[0] < COMPACT_MIN_ROWS:
             return None
         with self._compact_lock:
             if self._compact is not None and self._compact[0] is facts:

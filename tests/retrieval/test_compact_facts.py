@@ -78,10 +78,17 @@ def test_an_uncertified_query_takes_the_full_scan(monkeypatch: pytest.MonkeyPatc
     assert _same(fact_topk(queries, facts, 5, compact=compact), want) and len(calls) == 2
 
 
-def test_a_lone_query_ranks_as_it_does_in_a_batch(sample_searcher) -> None:
+def test_a_lone_query_ranks_as_it_does_in_a_batch(sample_searcher,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the Searcher: a lone query reads the codes, a batch of 8 the float32 rows (the
-    vectors encoded once, one query at a time: the encoder's bits move with its padding)."""
+    vectors encoded once, one query at a time: the encoder's bits move with its padding). The
+    sample's fact table is below COMPACT_MIN_ROWS, where the Searcher keeps the full scan (a
+    matter of speed only): the threshold is lowered for the comparison."""
+    from hippo_gpu.retrieval import searcher as searcher_module
     from tests.helpers import QUERIES
+
+    assert sample_searcher._compact_facts(1) is None  # a small table: the full scan
+    monkeypatch.setattr(searcher_module, "COMPACT_MIN_ROWS", 1)
 
     batch = (QUERIES + [q.replace("?", "") for q in QUERIES] + ["lighthouse", "Alzheimer"])[:8]
     vec = torch.cat([sample_searcher.encode_queries([q])[0] for q in batch])
