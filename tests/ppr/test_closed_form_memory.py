@@ -1,6 +1,8 @@
 """The closed form's memory estimate (closed_form.build_bytes, what PPRSolver's "auto" compares
 with its budget) is within 1.5x of the peak its build measures on the CPU: the process's peak
-resident memory over its start, in a fresh interpreter so that nothing else has raised it."""
+resident memory (VmHWM: the high-water mark of this address space, which starts afresh at exec,
+unlike getrusage's ru_maxrss, which a child inherits from the process that forked it) over its
+value before the build, in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 from tests.helpers import REPO
 
 CHILD = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from hippo_gpu.ppr.closed_form import ClosedForm, build_bytes
 n, t, deg = 20_000, 1_000, 10
 g = torch.Generator().manual_seed(0)
@@ -20,11 +22,14 @@ dst = torch.randint(0, n, (n * deg // 2,), generator=g)
 src, dst = src[src != dst], dst[src != dst]
 idx = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
 adj = torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (n, n)).coalesce().to_sparse_csr()
-pages = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
-start = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, pages)
+def high_water():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+start = high_water()
 ClosedForm(adj, torch.arange(n - t, n), damping=0.5, dtype=torch.float32,
            device=torch.device("cpu"), max_iter=1000)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = high_water()
 print(json.dumps({"measured": peak - start, "estimate": build_bytes(n, t)}))
 """
 
