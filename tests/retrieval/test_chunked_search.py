@@ -113,6 +113,7 @@ def test_block_rows_and_spans() -> None:
     assert block_rows(100_000, 1, 7 * align) == 7 * align  # one byte per row
     assert spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert spans(0, 4) == [(0, 0)]
+    assert spans(3, 1) == spans(3, 0) == [(0, 1), (1, 2), (2, 3)]  # one row per span, at least
 
 
 def test_chunk_budget_is_validated_and_sizes_the_plan(sample_index) -> None:
