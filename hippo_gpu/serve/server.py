@@ -94,6 +94,7 @@ from hippo_gpu.serve.batcher import BatcherClosedError, QueueFullError
 from hippo_gpu.serve.budget import OverBudgetError
 from hippo_gpu.serve.config import ServerConfig
 from hippo_gpu.serve.doc_pages import DOCS_PATH, add_doc_routes
+from hippo_gpu.serve.explain_schema import ExplainResponse
 from hippo_gpu.serve.guards import (
     BearerGuard,
     BodyLimit,
@@ -111,23 +112,24 @@ from hippo_gpu.serve.metrics import (
     Metrics,
     MetricsMiddleware,
 )
-from hippo_gpu.serve.schema import (
+from hippo_gpu.serve.responses import (
     API_DESCRIPTION,
-    ExplainResponse,
     IndexesResponse,
-    RetrieveRequest,
     RetrieveResponse,
     StatsResponse,
     StatusBody,
-    explain_request_model,
     explain_responses,
-    request_model,
     response_doc,
     retrieve_responses,
-    short_issue,
     unauthorized_response,
     unknown_index_response,
     write_responses,
+)
+from hippo_gpu.serve.schema import (
+    RetrieveRequest,
+    explain_request_model,
+    request_model,
+    short_issue,
 )
 from hippo_gpu.serve.service import (
     DEFAULT_INDEX,
