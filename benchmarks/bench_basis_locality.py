@@ -55,7 +55,7 @@ MEASURES = ("hippo_gpu/ppr", "hippo_gpu/versions/delta.py", "hippo_gpu/indexing"
             "hippo_gpu/embed", "kernels/src", "hippo_gpu/synthetic.py", "hippo_gpu/config.py",
             "hippo_gpu/device.py")
 
-COMMITS = 16  # hippo_gpu.versions.writer.COMPACT_AFTER: commits between two basis solves
+COMMITS = 16  # hippo_gpu.versions.compaction.COMPACT_AFTER: commits between two basis solves
 SHARE = 0.1  # of the median query's certified budget the patched bounds may use by then
 LOOSER = (1e4, 1e2, 1.0)  # accuracies tried: the needed one times these
 WORK_CAP = 50  # edges a node's push may scan, in multiples of nnz (then it counts as capped)

@@ -318,7 +318,8 @@ def compact(path: Path = typer.Argument(..., help="index directory"),
     """Fold the commits' segments into a new base (with the PPR basis solved) and remove old
     versions no reader holds and a killed writer's leftovers."""
     from hippo_gpu.storage.directory import is_index_dir
-    from hippo_gpu.versions.writer import IndexWriter, compaction_due
+    from hippo_gpu.versions.compaction import compaction_due
+    from hippo_gpu.versions.writer import IndexWriter
 
     if not is_index_dir(path):
         fail(f"{path} is not a hippo-gpu index")

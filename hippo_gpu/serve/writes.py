@@ -36,7 +36,8 @@ from hippo_gpu.serve.holder import SearcherHolder
 from hippo_gpu.serve.write_limits import WriteLimits
 from hippo_gpu.storage.directory import collect_garbage
 from hippo_gpu.storage.locks import WriterLockedError, claim_for_serving
-from hippo_gpu.versions.writer import COMPACT_AFTER, IndexWriter, compaction_due
+from hippo_gpu.versions.compaction import COMPACT_AFTER, compaction_due
+from hippo_gpu.versions.writer import IndexWriter
 
 log = logging.getLogger(__name__)
 

@@ -84,6 +84,7 @@ from hippo_gpu.storage.directory import (
     write_segment,
 )
 from hippo_gpu.storage.locks import writer_lock
+from hippo_gpu.versions.compaction import COMPACT_AFTER, PreparedBase, compaction_due
 from hippo_gpu.versions.delta import (
     Change,
     NewVectors,
@@ -102,31 +103,7 @@ from hippo_gpu.versions.load import (
 
 log = logging.getLogger(__name__)
 
-COMPACT_AFTER = 16  # segments a writer lets accumulate before it compacts (IndexWriter)
-SEGMENT_FRACTION = 0.25  # segments of more than this share of the base's bytes: compact
-
-__all__ = ["COMPACT_AFTER", "ChangeReport", "IndexWriter", "compaction_due"]
-
-
-def compaction_due(manifest: dict[str, Any], held: Index | None = None, *,
-                   max_segments: int = COMPACT_AFTER) -> bool:
-    """Whether to compact now: the one policy of `IndexWriter.commit`, the server's background
-    compactor (serve/writes.py) and `hippo-gpu compact` (`max_segments=1`: any segment).
-
-    Due when loads replay too much of the chain `manifest` names: `max_segments` segments or
-    more, or segment files of more than SEGMENT_FRACTION of the base's bytes; or, given `held`
-    (the version that manifest names, as its writer holds it), when `held` lacks the passage
-    basis its config keeps, which only a compaction solves. A commit passes no `held`: every
-    commit leaves the basis stale, which must not compact each time.
-    """
-    if held is not None and held.config.ppr_basis and held.basis is None:
-        return True
-    segments = manifest.get("segments", [])
-    if not segments:
-        return False
-    seg_bytes = sum(f["bytes"] for s in segments for f in s["files"].values())
-    base_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
-    return len(segments) >= max_segments or seg_bytes > SEGMENT_FRACTION * base_bytes
+__all__ = ["ChangeReport", "IndexWriter"]
 
 
 @dataclass
@@ -586,18 +563,6 @@ class IndexWriter:
             new.version = manifest["version"]
             self._base = new
         return self._require_base()
-
-
-@dataclass
-class PreparedBase:
-    """A compaction's base directory, written but not yet current (IndexWriter)."""
-
-    index: Index  # the version it holds, with its basis
-    name: str  # vNNNNNN
-    files: dict[str, Any]
-    manifest: dict[str, Any]  # the base's own manifest fields
-    hold: contextlib.ExitStack  # the lock that keeps garbage collection off it
-    stages: Stages
 
 
 def _as_json(report: dict[str, Any]) -> dict[str, Any]:
