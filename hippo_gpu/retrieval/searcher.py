@@ -37,12 +37,14 @@ and one for the dense prior (hippo_gpu.retrieval.explain), from the inputs `rank
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -79,6 +81,7 @@ from hippo_gpu.retrieval.solvers import SolverCache
 from hippo_gpu.versions.load import refresh_index
 
 log = logging.getLogger(__name__)
+MATCH_CACHE = 64  # metadata filters whose passage rows a Searcher keeps
 
 __all__ = ["Searcher"]
 
@@ -155,6 +158,7 @@ class Searcher:
         self._linears: dict[float, LinearPPR] = {}  # hipporag2 by linearity, per damping
         self._compact: tuple[Tensor, CompactFacts] | None = None  # (fact rows, their codes)
         self._compact_job: threading.Thread | None = None  # the codes' background build
+        self._matches: dict[str, Tensor] = {}  # metadata filter (as JSON) -> its passage rows
         self._compact_lock = threading.Lock()  # served queries run on several threads
 
     @property
@@ -382,10 +386,21 @@ class Searcher:
         return ranking
 
     def _matching_rows(self, where: Mapping[str, Any]) -> Tensor:
-        """[n] ascending passage rows whose metadata match `where`, on the index device."""
-        index = self.index
-        rows = sorted(index.row_of_key[k] for k in index.labels.matching_keys(where))
-        return torch.tensor(rows, dtype=torch.int64, device=index.device)
+        """[n] ascending passage rows whose metadata match `where`, on the index device; made
+        once per filter and kept (a served filter repeats: its rows are not looked up again per
+        call; at most MATCH_CACHE filters are kept)."""
+        name = json.dumps(where, sort_keys=True, default=str)
+        rows = self._matches.get(name)
+        if rows is None:
+            index = self.index
+            found = np.fromiter((index.row_of_key[k] for k in index.labels.matching_keys(where)),
+                                dtype=np.int64)
+            rows = torch.from_numpy(np.sort(found)).to(index.device)
+            with self._compact_lock:  # served calls run on several threads
+                if len(self._matches) >= MATCH_CACHE:
+                    self._matches.pop(next(iter(self._matches)))
+                self._matches[name] = rows
+        return rows
 
     def _rank_dense(self, call: RankCall, e_pass: Tensor) -> Ranking:
         """DPR: min-max scaled query-passage cosine, per chunk of query columns."""

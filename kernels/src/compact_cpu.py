@@ -14,9 +14,20 @@ cut to the final t and least U, and the largest U of a row left out of C is retu
 from __future__ import annotations
 
 import numpy as np
+from hippo_gpu.kernels.topk_cpu import _insert
 from numba import njit
 
 __all__ = ["bounded_scan"]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _append(rows, values, n, row, value):
+    """Append (row, value) to the candidate list of length n; -1 when it is full."""
+    if n < 0 or n >= rows.shape[0]:
+        return -1
+    rows[n] = row
+    values[n] = value
+    return n + 1
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -26,8 +37,8 @@ def bounded_scan(codes, query_codes, scale, scaled_l1, eps, norm, s_e, alpha, be
     (|C|, |M|, the largest U outside C (-inf: none), overflowed: a list outgrew its buffer,
     so the caller takes the full scan)."""
     f_rows, dim = codes.shape
-    cap_c, cap_m = c_rows.shape[0], m_rows.shape[0]
     q16 = query_codes.astype(np.int16)
+    low_rows = np.empty(k, np.int64)  # _insert's ids (unused: only the k-th value counts)
     n_low = 0
     least_up = np.inf
     out_up = -np.inf
@@ -43,31 +54,19 @@ def bounded_scan(codes, query_codes, scale, scaled_l1, eps, norm, s_e, alpha, be
         low = a - b
         up = a + b
         if n_low < k or low > top_low[k - 1]:  # the k largest lower bounds, descending
-            j = n_low if n_low < k else k - 1
-            while j > 0 and top_low[j - 1] < low:
-                top_low[j] = top_low[j - 1]
-                j -= 1
-            top_low[j] = low
-            if n_low < k:
-                n_low += 1
+            n_low = _insert(top_low, low_rows, n_low, k, low, f)
         if up < least_up:
             least_up = up
         if n_low < k or up >= top_low[k - 1]:
-            if n_c < cap_c:
-                c_rows[n_c] = f
-                c_up[n_c] = up
-                n_c += 1
-            else:
-                overflow = True
+            n_c = _append(c_rows, c_up, n_c, f, up)
+            overflow |= n_c < 0
         elif up > out_up:
             out_up = up
         if low <= least_up:
-            if n_m < cap_m:
-                m_rows[n_m] = f
-                m_low[n_m] = low
-                n_m += 1
-            else:
-                overflow = True
+            n_m = _append(m_rows, m_low, n_m, f, low)
+            overflow |= n_m < 0
+        if overflow:
+            break
     cut = top_low[k - 1]
     kept = 0
     for i in range(n_c):  # the final C: U >= the final t
