@@ -1,4 +1,4 @@
-"""The checksums of an index load: one file after the other against durable_files.sha256_files
+"""The checksums of an index load: one file after the other against storage.durable.sha256_files
 (up to 4 files at a time; hashlib releases the GIL), side by side on the same files.
 
 A load verifies every file of its base against the manifest's sha256 (store.read_index_dir), so

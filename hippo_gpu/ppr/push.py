@@ -139,7 +139,7 @@ class PushOperator:
         self._lock = threading.Lock()
 
     def push(self, seed_query: Tensor, seed_node: Tensor, seed_weight: Tensor, num_queries: int,
-             budget: Tensor, work_cap: int) -> PushResult:
+             budget: Tensor, work_cap: int, *, visits: np.ndarray | None = None) -> PushResult:
         """Push each query's seeds until its bound (P2) is within its budget.
 
         Args:
@@ -148,6 +148,9 @@ class PushOperator:
             num_queries: Q.
             budget: [Q] float64 L1 error allowed at the passage rows.
             work_cap: edges a query may scan before it gives up (``capped``).
+            visits: [N] int64 or None: when given, visits[u] += 1 for each push of the node at
+                push-order position u (``position[node]``) by any query (diagnostics, e.g. the
+                push floor benchmark; the call then runs on one thread).
         """
         sq = seed_query.cpu().to(torch.int64).numpy()
         if sq.size and np.any(np.diff(sq) < 0):
@@ -161,6 +164,8 @@ class PushOperator:
         if weights.size and not np.all(weights >= 0):
             raise ValueError("push seed weights must be non-negative")
         budget_np = np.ascontiguousarray(budget.cpu().to(torch.float64).numpy())
+        if visits is not None and (visits.shape != (self.num_nodes,) or visits.dtype != np.int64):
+            raise ValueError(f"visits must be an int64 array of {self.num_nodes} entries")
         threads = max(1, self.threads or torch.get_num_threads())
         with self._lock:  # one call at a time: the workspaces are shared
             while len(self._workspaces) < min(threads, max(num_queries, 1)):
@@ -169,6 +174,7 @@ class PushOperator:
             out = self._kernel.push_queries(
                 self.indptr, self.indices, self.coef, self.deg, seed_ptr, nodes,
                 weights, budget_np, int(work_cap), self.damping, self.passage_row,
-                self.num_passages, self._workspaces[:max(1, min(threads, num_queries))])
+                self.num_passages, self._workspaces[:max(1, min(threads, num_queries))],
+                visits)
         scores, bound, pushes, work, touched, capped = (torch.from_numpy(a) for a in out)
         return PushResult(scores, bound, pushes, work, touched, capped)

@@ -40,9 +40,9 @@ equal): the Searcher sends batches of fewer than COMPACT_MAX_QUERIES queries her
 padded 8-query panel is mostly zeros, on fact tables of at least COMPACT_MIN_ROWS rows. The
 codes cost D + 32 bytes per fact beside its 4 D bytes of float32, made once per Searcher in
 the background after its first small batch (`CompactFacts.of`: ~2 s for 900k facts here).
-On the 100k synthetic index (~900k facts, 1 thread) a lone query's fact stage takes 17.9 ms
-where the full scan took 37.3 (benchmarks/bench_scale.py; bench_compact_floor.py has the
-floors of one read: 28 ms of float32, 7 ms of int8, on the same machine).
+Its cost on the 100k synthetic index is the facts stage of hipporag2 at Q = 1 in
+benchmarks/results/bench_scale.jsonl; the floors of one read of the float32 and int8 rows and of
+the int8 dot products alone are in bench_compact_floor.jsonl.
 """
 
 from __future__ import annotations

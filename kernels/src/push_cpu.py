@@ -63,10 +63,11 @@ def _enqueue(node, queue, tail, u):
 
 @njit(nogil=True, cache=True)
 def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, damping,
-              node, p, touched, queue, passage_row, out_row):
+              node, p, touched, queue, passage_row, out_row, visits):
     """One query: push from its seeds until h·r <= budget (or work > work_cap).
 
-    Writes p at the passage rows into out_row ([P] float64, zero on entry) and returns
+    Writes p at the passage rows into out_row ([P] float64, zero on entry), adds 1 to
+    visits[u] per push of u when visits is not empty ([N] int64, diagnostics), and returns
     (certified bound h·r plus round-off slack, pushes, edges scanned, nodes touched, capped).
     node[:, 0] (r) and node[:, 3] (state) are zero on entry and left zero.
     """
@@ -115,6 +116,8 @@ def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, d
                 p[u] += keep * m
                 err -= node[u, 1] * m
                 pushes += 1
+                if visits.shape[0] > 0:
+                    visits[u] += 1
                 lo = indptr[u]
                 hi = indptr[u + 1]
                 work += hi - lo
@@ -166,14 +169,14 @@ def _push_one(indptr, indices, coef, deg, seed_node, seed_w, budget, work_cap, d
 @njit(nogil=True, cache=True)
 def _push_range(indptr, indices, coef, deg, seed_ptr, seed_node, seed_w, budget, work_cap,
                 damping, node, p, touched, queue, passage_row, out, bound, pushes, work,
-                touched_count, capped, start, step):
+                touched_count, capped, visits, start, step):
     q = seed_ptr.shape[0] - 1
     for i in range(start, q, step):
         a = seed_ptr[i]
         b = seed_ptr[i + 1]
         err, npush, nwork, nt, cap = _push_one(
             indptr, indices, coef, deg, seed_node[a:b], seed_w[a:b], budget[i], work_cap,
-            damping, node, p, touched, queue, passage_row, out[i])
+            damping, node, p, touched, queue, passage_row, out[i], visits)
         bound[i] = err
         pushes[i] = npush
         work[i] = nwork
@@ -184,7 +187,8 @@ def _push_range(indptr, indices, coef, deg, seed_ptr, seed_node, seed_w, budget,
 def push_queries(indptr: np.ndarray, indices: np.ndarray, coef: np.ndarray, deg: np.ndarray,
                  seed_ptr: np.ndarray, seed_node: np.ndarray, seed_w: np.ndarray,
                  budget: np.ndarray, work_cap: int, damping: float, passage_row: np.ndarray,
-                 num_passages: int, workspaces: list[Workspace]) -> tuple[np.ndarray, ...]:
+                 num_passages: int, workspaces: list[Workspace],
+                 visits: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Push every query (hippo_gpu.ppr.push); one workspace per thread.
 
     Args:
@@ -195,6 +199,8 @@ def push_queries(indptr: np.ndarray, indices: np.ndarray, coef: np.ndarray, deg:
             seed_ptr[i]:seed_ptr[i + 1]).
         budget: [Q] float64 bound to reach; work_cap: edges scanned before a query gives up.
         passage_row: [N] int64 passage row of each node (-1 for phrases).
+        visits: [N] int64 (push order) or None: when given, visits[u] += 1 per push of u, over
+            every query (diagnostics: the queries then run on one thread, so no count races).
 
     Returns:
         (out [Q, P] float64 p at the passage rows, bound [Q] float64, pushes [Q] int64,
@@ -207,13 +213,14 @@ def push_queries(indptr: np.ndarray, indices: np.ndarray, coef: np.ndarray, deg:
     work = np.zeros(q, dtype=np.int64)
     touched = np.zeros(q, dtype=np.int64)
     capped = np.zeros(q, dtype=np.bool_)
-    threads = max(1, min(len(workspaces), q))
+    threads = 1 if visits is not None else max(1, min(len(workspaces), q))
+    counts = np.zeros(0, dtype=np.int64) if visits is None else visits
 
     def run(t: int) -> None:
         w = workspaces[t]
         _push_range(indptr, indices, coef, deg, seed_ptr, seed_node, seed_w, budget,
                     work_cap, damping, w.node, w.p, w.touched, w.queue, passage_row,
-                    out, bound, pushes, work, touched, capped, t, threads)
+                    out, bound, pushes, work, touched, capped, counts, t, threads)
 
     if threads == 1:
         run(0)

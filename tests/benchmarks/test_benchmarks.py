@@ -135,6 +135,17 @@ def test_provenance_fields(provenance, repo):
     json.dumps(record)  # serialisable as is
 
 
+def test_hipporag2_floor_without_an_index_skips(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_hipporag2_floor", "--threads", "1",
+         "--index", str(tmp_path / "none"), "--allow-dirty",
+         "--results", str(tmp_path / "r.jsonl")],
+        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout.startswith("SKIP: no index at ") and "bench_scale" in out.stdout
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 # modules the scripts import (continual_synthetic: bench_continual --synthetic's procedure;
 # soak: the writable server and clients of bench_soak, bench_writable and tests/serve/test_soak;
 # upstream_hipporag: the official package's run of bench_official_hipporag2)

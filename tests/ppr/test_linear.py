@@ -131,6 +131,26 @@ def test_push_is_bit_identical_across_batches_and_threads(graph) -> None:
     assert torch.equal(again.scores, a.scores)
 
 
+def test_push_visits_count_every_push_and_change_nothing(graph) -> None:
+    """The diagnostics of bench_hipporag2_floor: visits[position[u]] counts u's pushes over all
+    queries (their sum is the pushes reported, on a two-thread operator too, which then runs
+    on one), and the scores are the same bits as without them."""
+    rng = np.random.default_rng(5)
+    h = torch.from_numpy(graph["L"][graph["passages"].numpy()].sum(axis=0) + 1e-12)
+    sq, sp, sw = _seeds(rng, 6, 160)
+    budget = torch.full((6,), 1e-6)
+    op = PushOperator(graph["adj"], graph["passages"], h, damping=D, threads=2)
+    plain = op.push(sq, sp, sw, 6, budget, work_cap=10**9)
+    visits = np.zeros(op.num_nodes, dtype=np.int64)
+    counted = op.push(sq, sp, sw, 6, budget, work_cap=10**9, visits=visits)
+    assert torch.equal(counted.scores, plain.scores) and torch.equal(counted.work, plain.work)
+    assert int(visits.sum()) == int(plain.pushes.sum()) > 0
+    deg = np.diff(op.indptr)
+    assert int((visits * deg).sum()) == int(plain.work.sum())  # each push scans its edges
+    with pytest.raises(ValueError, match="visits must be an int64 array"):
+        op.push(sq, sp, sw, 6, budget, work_cap=10**9, visits=np.zeros(3, dtype=np.int64))
+
+
 def test_push_gives_up_at_the_work_cap(graph) -> None:
     rng = np.random.default_rng(4)
     h = torch.from_numpy(graph["L"][graph["passages"].numpy()].sum(axis=0) + 1e-12)
