@@ -242,6 +242,7 @@ def test_a_tol_below_the_output_rounding_is_refused_up_front(small_hub, monkeypa
         PPRSolver(_torch_csr(a), dtype=torch.float32, tol=5e-9)
     message = str(caught.value)
     assert "tol 5e-09 cannot be certified for a float32 result" in message
+    assert "rounding the returned distribution to float32 alone" in message
     assert f"just above {floor32:.3g}" in message and f"just above {floor64:.3g}" in message
     assert isinstance(caught.value, ValueError) and caught.value.floor == floor32
 
@@ -261,8 +262,49 @@ def test_a_tol_below_the_output_rounding_is_refused_up_front(small_hub, monkeypa
     with pytest.raises(ToleranceError, match="float64 result") as caught:
         PPRSolver(_torch_csr(a), dtype=torch.float64, tol=1e-16)
     assert "a float64 solve" not in str(caught.value)
+    assert str(caught.value).endswith(f"just above {floor64:.3g}")  # and nothing after it
     fine = PPRSolver(_torch_csr(a), dtype=torch.float64, kernel="torch", tol=5e-9)
     assert bool(fine.solve(torch.from_numpy(seeds)).certified.all())
+
+
+def test_the_refusal_names_a_float64_solve_when_that_certifies_lower() -> None:
+    """A float64 result whose floor is above float64's own (the closed form's, with the
+    rounding of its G) is told of a float64 solve; one at float64's floor is not; a caller's
+    name for what is rounded replaces the default."""
+    floor64 = certifiable_floor(torch.float64, 100)
+    above = str(ToleranceError(1e-15, torch.float64, 100, 4 * floor64, floor64,
+                               what="the closed form's float64 result and its G"))
+    assert "rounding the closed form's float64 result and its G alone" in above
+    assert "a float64 solve (RetrievalConfig(dtype='float64')" in above
+    assert above.endswith(f"just above {floor64:.3g}")
+    at = str(ToleranceError(1e-17, torch.float64, 100, floor64, floor64))
+    assert "rounding the returned distribution to float64 alone" in at
+    assert "a float64 solve" not in at and at.endswith(f"just above {floor64:.3g}")
+
+
+def test_normalise_in_blocks_and_into_another_dtype(monkeypatch) -> None:
+    """normalise(v, dtype) is v / Σv per column, computed in float64 and rounded once into
+    `dtype`, the same bits whatever the block of rows (NORMALISE_BLOCK made small here: 11
+    rows in blocks of 2), for a vector too; pairwise_sum of no rows is a float64 zero per
+    column."""
+    from hippo_gpu.ppr import rounding
+
+    gen = torch.Generator().manual_seed(5)
+    v = torch.rand(11, 3, generator=gen, dtype=torch.float64)
+    want = v / rounding.pairwise_sum(v)
+    whole = rounding.normalise(v)
+    assert whole.dtype == torch.float64 and torch.equal(whole, want)
+    into32 = rounding.normalise(v, torch.float32)
+    assert into32.dtype == torch.float32 and torch.equal(into32, want.to(torch.float32))
+    monkeypatch.setattr(rounding, "NORMALISE_BLOCK", 6)  # 6 // 3 columns: blocks of 2 rows
+    assert torch.equal(rounding.normalise(v), whole)
+    assert torch.equal(rounding.normalise(v, torch.float32), into32)
+    one = torch.rand(1000, generator=gen)  # a float32 vector: divided in float64, not float32
+    alone = rounding.normalise(one)
+    assert alone.dtype == torch.float32 and alone.shape == (1000,)
+    assert torch.equal(alone, (one.double() / rounding.pairwise_sum(one)).float())
+    empty = rounding.pairwise_sum(torch.zeros(0, 3))  # no rows: a float64 zero per column
+    assert empty.dtype == torch.float64 and torch.equal(empty, torch.zeros(3, dtype=torch.float64))
 
 
 def test_a_tol_just_above_the_float64_floor_is_certified() -> None:
