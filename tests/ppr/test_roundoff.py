@@ -16,6 +16,7 @@ ppr.py (scipy), independent of every iteration here, of the same reset vectors t
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import numpy as np
 import pytest
@@ -305,6 +306,88 @@ def test_normalise_in_blocks_and_into_another_dtype(monkeypatch) -> None:
     assert torch.equal(alone, (one.double() / rounding.pairwise_sum(one)).float())
     empty = rounding.pairwise_sum(torch.zeros(0, 3))  # no rows: a float64 zero per column
     assert empty.dtype == torch.float64 and torch.equal(empty, torch.zeros(3, dtype=torch.float64))
+
+
+def test_the_rounding_constants_are_their_derivations() -> None:
+    """Each constant of ppr/rounding.py against its formula in the module docstring, evaluated
+    in exact rational arithmetic: γ_k = k u / (1 − k u); the depth of a pairwise sum (eq. R1);
+    ω(dtype, n) = expm1(u + 2 u64 + γ/(1 − γ)) + 2 n tiny; the floor of a float32 result
+    holding float64's; the inflation 1 + (n + 8) 2⁻⁵². The bounds' own tests pass with any
+    looser constant (a bound only grows) and with slightly tighter ones (their slack hides
+    it), so the constants are pinned here. Sizes are chosen where each term is visible: k u
+    near 2⁻¹³ for γ, 2⁹⁰⁰ rows for γ/(1 − γ) against the unit round-offs, 2¹⁰⁰⁰ rows for the
+    subnormal term."""
+    from fractions import Fraction
+
+    from hippo_gpu.ppr import rounding
+
+    u64 = Fraction(1, 2 ** 53)
+
+    def gamma(k: int) -> Fraction:
+        return k * u64 / (1 - k * u64)
+
+    def close(got: float, want: Fraction | float) -> bool:
+        return abs(Fraction(got) - Fraction(want)) <= Fraction(want) * Fraction(1, 10 ** 14)
+
+    assert rounding.unit_roundoff(torch.float32) == 2.0 ** -24
+    assert rounding.unit_roundoff(torch.float64) == 2.0 ** -53
+    for k in (1, 16, 2 ** 40, 2 ** 50):
+        assert close(rounding._gamma(k), gamma(k)), k
+    # ⌈log₂ n⌉ roundings of a pairwise sum, at least one, doubled, and the division and product
+    assert [rounding._depth(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [4, 4, 6, 6, 8, 22, 24]
+
+    def omega(dtype: torch.dtype, n: int) -> float:
+        u = Fraction(torch.finfo(dtype).eps) / 2
+        g = gamma(2 * max(1, (n - 1).bit_length()) + 2)
+        return math.expm1(float(u + 2 * u64 + g / (1 - g))) + 2 * n * torch.finfo(dtype).tiny
+
+    for dtype in (torch.float32, torch.float64):
+        for n in (100, 2 ** 900, 2 ** 1000):
+            assert close(rounding.output_rounding(dtype, n), omega(dtype, n)), (dtype, n)
+    assert close(certifiable_floor(torch.float64, 100), omega(torch.float64, 100))
+    assert close(certifiable_floor(torch.float32, 100),
+                 Fraction(omega(torch.float32, 100)) + Fraction(omega(torch.float64, 100)))
+    for n in (0, 1, 100, 10 ** 6, 2 ** 40):
+        assert rounding.inflation(n) == float(1 + (n + 8) * Fraction(1, 2 ** 52)), n
+    # check_tol: a tol that is not positive, at the floor, or just above it
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=r"need tol > 0, got tol="):
+            rounding.check_tol(bad, torch.float32, 100)
+    floor = certifiable_floor(torch.float32, 100)
+    with pytest.raises(ToleranceError, match="for a float32 result over 100 rows"):
+        rounding.check_tol(floor, torch.float32, 100)
+    above = math.nextafter(floor, 1.0)
+    assert rounding.check_tol(above, torch.float32, 100) == above
+
+
+def test_pairwise_sum_is_the_documented_fold() -> None:
+    """pairwise_sum adds in float64 by folding halves (the lower ⌈n/2⌉ rows take the upper
+    ones, then again on what is left), the order its depth bound ⌈log₂ n⌉ (eq. R1) is proved
+    for: the same bits as that fold replayed on Python floats (IEEE float64 additions), on
+    float32 rows spread over many magnitudes, where another order rounds differently."""
+    from hippo_gpu.ppr import rounding
+
+    def fold(xs: list[float]) -> float:
+        n = len(xs)
+        half = (n + 1) // 2
+        acc = xs[:half]
+        for i in range(n - half):
+            acc[i] += xs[half + i]
+        m = half
+        while m > 1:
+            h = (m + 1) // 2
+            for i in range(m - h):
+                acc[i] += acc[h + i]
+            m = h
+        return acc[0]
+
+    gen = torch.Generator().manual_seed(11)
+    for n in (1, 2, 3, 7, 8, 16, 33, 1024):
+        v = (torch.randn(n, 2, generator=gen) * 8).exp().float()
+        got = rounding.pairwise_sum(v)
+        assert got.dtype == torch.float64
+        for j in range(2):
+            assert got[j].item() == fold([float(x) for x in v[:, j].tolist()]), (n, j)
 
 
 def test_a_tol_just_above_the_float64_floor_is_certified() -> None:
