@@ -9,8 +9,8 @@ On an index built by bench_scale (default its 100k one, kept with ``--keep``), p
 with bench_scale's questions:
 
 * measured, ms per query: ``dense`` and ``hipporag2`` (Searcher.rank, top 10, median of
-  repeats), hipporag2's stages, and ``iteration`` (hipporag2 with ppr_method "chebyshev": the
-  path that needs no push, every column iterated on its full reset vector);
+  repeats) and hipporag2's stages (the path that needs no push, every column iterated, is
+  bench_scale's ``hipporag2:chebyshev``, timed on this index by the run that built it);
 * ``facts_floor``: the least one pass over the fact vectors costs for Q queries: at Q = 1 one
   read of them as int8 codes (F x D bytes, a sum over the bytes viewed as int64: what an exact
   compact scan must at least read), for Q > 1 the fastest of three [F, D] x [D, Q] products
@@ -81,7 +81,6 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_scale import _queries
-    from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.ppr import push as push_module
     from hippo_gpu.retrieval.searcher import Searcher
     from hippo_gpu.versions.load import load_index
@@ -164,11 +163,7 @@ def main() -> None:
             ranking = searcher.rank(texts, top_k=10, mode="hipporag2")
         finally:
             push_module.PushOperator.push = shipped
-        stages = {k: v * 1e3 / q for k, v in ranking.stage_seconds.items()}
-        row["hipporag2_stages_ms"] = stages
-        iterate = RetrievalConfig(ppr_method="chebyshev")  # the path with no push
-        row["iteration_ms"] = ms(lambda: searcher.rank(texts, top_k=10, mode="hipporag2",
-                                                       config=iterate), q)
+        row["hipporag2_stages_ms"] = {k: v * 1e3 / q for k, v in ranking.stage_seconds.items()}
         passes = facts_passes(q)
         row["facts_passes_ms"] = passes
         row["facts_floor_ms"] = min(passes.values())
@@ -181,10 +176,9 @@ def main() -> None:
         row["floor_ms"] = floor
         row["floor_over_dense"] = floor / row["dense_ms"]
         row["hipporag2_over_dense"] = row["hipporag2_ms"] / row["dense_ms"]
-        row["iteration_over_dense"] = row["iteration_ms"] / row["dense_ms"]
         print(f"Q={q}: dense {row['dense_ms']:.2f} ms/query, hipporag2 "
-              f"{row['hipporag2_ms']:.2f} ({row['hipporag2_over_dense']:.1f}x), iteration "
-              f"{row['iteration_ms']:.2f}; floor {floor:.2f} = dense + "
+              f"{row['hipporag2_ms']:.2f} ({row['hipporag2_over_dense']:.1f}x); "
+              f"floor {floor:.2f} = dense + "
               f"facts {row['facts_floor_ms']:.2f} + basis {row['basis_floor_ms']:.2f} + push "
               f"{row['push_floor_ms']:.2f} (shipped {row['push_ms']:.2f}): "
               f"{row['floor_over_dense']:.2f}x dense", flush=True)
