@@ -10,6 +10,13 @@ and whether the served version moved by segments (the server never reloads the i
 builds each version from the last).
 
     python -m benchmarks.bench_writable --threads 1 [--passages 10000] [--inserts 200]
+
+Paced (issue 55's soak): `--write-interval 2 --inserts 60 --delete-every 3` starts one write every
+2 s (every third a delete of a base passage, the rest inserts) for 2 minutes, and `--fresh-check`
+then compares the final directory with a fresh build of the final corpus (benchmarks/soak.py's
+index_differences, and the hipporag2 top-10 of the reader's queries up to certified ties).
+``during_over_before`` is the p50 query latency during the stream over the p50 before it (the
+compacted index, with its basis).
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--threads", type=int, required=True, help="torch threads (both processes)")
     ap.add_argument("--passages", type=int, default=10_000)
-    ap.add_argument("--inserts", type=int, default=200)
+    ap.add_argument("--inserts", type=int, default=200, help="writes in the stream")
+    ap.add_argument("--write-interval", type=float, default=0.0,
+                    help="seconds from one write's start to the next (0: back to back)")
+    ap.add_argument("--delete-every", type=int, default=0,
+                    help="every N-th write deletes a base passage (0: inserts only)")
+    ap.add_argument("--fresh-check", action="store_true",
+                    help="compare the final version with a fresh build of the final corpus")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--results", default=None)
     add_arguments(ap)
@@ -102,14 +115,32 @@ def main(args: argparse.Namespace) -> None:
             time.sleep(5)
             phase[0] = "during"
             ins: list[float] = []
+            dels: list[float] = []
             peak, versions = rss["before"], []
-            for p, d in zip(passages[args.passages:], docs[args.passages:]):
+            pool = list(zip(passages[args.passages:], docs[args.passages:]))
+            victims = [p.key for p in passages[:args.passages:max(1, args.passages // 97)]]
+            final = list(passages[:args.passages])
+            start = time.perf_counter()
+            for k in range(args.inserts):
+                if args.write_interval:
+                    time.sleep(max(0.0, start + k * args.write_interval - time.perf_counter()))
                 t = time.perf_counter()
-                r = c.post("/v1/passages", headers=auth, json={"passages": [{
-                    "title": p.title, "text": p.text, "triples": [list(x) for x in d.triples]}]})
-                ins.append(time.perf_counter() - t)
+                if args.delete_every and (k + 1) % args.delete_every == 0 and victims:
+                    key = victims.pop()
+                    r = c.request("DELETE", "/v1/passages", headers=auth, json={"keys": [key]})
+                    dels.append(time.perf_counter() - t)
+                    final = [p for p in final if p.key != key]
+                    what = "delete"
+                else:
+                    p, d = pool.pop(0)
+                    r = c.post("/v1/passages", headers=auth, json={"passages": [{
+                        "title": p.title, "text": p.text,
+                        "triples": [list(x) for x in d.triples]}]})
+                    ins.append(time.perf_counter() - t)
+                    final.append(p)
+                    what = "insert"
                 if r.status_code != 200:
-                    errors.append(f"insert {r.status_code} {r.text[:200]}")
+                    errors.append(f"{what} {r.status_code} {r.text[:200]}")
                 else:
                     versions.append(r.json()["version"])
                 peak = max(peak, server.rss_mb())
@@ -128,18 +159,47 @@ def main(args: argparse.Namespace) -> None:
     record = {
         **provenance("bench_writable", threads=args.threads, device="cpu", encoder_backend="hash",
                      batch_sizes={"queries_per_request": 1}, git=git),
-        "passages": args.passages, "inserts": args.inserts, "insert": _ms(ins),
+        "passages": args.passages, "writes": args.inserts, "inserts": len(ins),
+        "deletes": len(dels), "write_interval_s": args.write_interval, "insert": _ms(ins),
+        "delete": _ms(dels),
         "query_before": _ms(lat["before"]), "query_during": _ms(lat["during"]),
         "query_after": _ms(lat["after"]), "errors": len(errors),
+        "during_over_before": round(quantile(lat["during"], 0.5)
+                                    / quantile(lat["before"], 0.5), 3)
+        if lat["during"] and lat["before"] else None,
         "error_examples": errors[:3], "rss_mb": {k: round(v, 1) for k, v in rss.items()},
         "versions_consecutive": versions == list(range(versions[0], versions[0] + len(versions)))
         if versions else False, "final_stats": {k: stats.get("index", {}).get(k) for k in (
             "passage_nodes", "basis_bytes")},
         "loadavg": os.getloadavg(),
     }
+    if args.fresh_check:
+        record["fresh_build"] = _fresh_check(index_dir, final, files["openie"], queries)
     print(record)
     append_result_or_exit(Path(args.results or RESULTS / "bench_writable.jsonl"), record,
                           allow_dirty=args.allow_dirty)
+
+
+def _fresh_check(index_dir: Path, final: list, openie: Path, queries: list[str]) -> dict:
+    """The final directory against a fresh build of `final` (module docstring)."""
+    from benchmarks.soak import index_differences, ranking_differences
+    from hippo_gpu import Searcher, build_index, load_index
+
+    got = load_index(index_dir, device="cpu")
+    want = build_index(final, openie, None, encoder="hash:64", device="cpu")
+    out = index_differences(got, want)
+    differ = beyond = 0
+    rankings = [Searcher(x).rank(queries, top_k=10, mode="hipporag2") for x in (got, want)]
+    for q in range(len(queries)):
+        lists = [list(zip([x.passage_keys[int(i)] for i in r.passage_rows[q].tolist()],
+                          r.scores[q].double().tolist())) for x, r in zip((got, want), rankings)]
+        bound = float(sum(r.ppr.bound[q] for r in rankings if r.ppr is not None))
+        d, b = ranking_differences(lists[0], lists[1], bound)
+        differ += d > 0
+        beyond += b > 0
+    out.update(queries=len(queries), top10_differ=differ, top10_differ_beyond_bounds=beyond,
+               basis_updates=got.basis.updates if got.basis is not None else None)
+    return out
 
 
 if __name__ == "__main__":

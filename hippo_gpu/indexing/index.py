@@ -28,8 +28,8 @@ from hippo_gpu.storage.directory import IndexFormatError, basis_stats, write_ver
 from hippo_gpu.storage.locks import servers_kept_off, writer_lock
 from hippo_gpu.tables import FactTable, KeyRows, PassageTriples, StringTable
 
-__all__ = ["Index", "IndexFormatError", "__version__", "basis_summary", "index_of_files",
-           "triple_counts", "triple_report"]
+__all__ = ["Index", "IndexFormatError", "__version__", "basis_of", "basis_summary",
+           "index_of_files", "triple_counts", "triple_report"]
 
 
 def _md5_key(prefix: str, text: str) -> str:
@@ -117,14 +117,17 @@ class Index:
         return int(self.adjacency.shape[0])
 
     def stats(self) -> dict[str, Any]:
-        """Index counts (upstream graph_info definitions) plus malformed-input counts."""
+        """Index counts (upstream graph_info definitions) plus malformed-input counts, and the
+        summary of a solved basis (a base's; a segment version's basis brought current by
+        updates, versions/live_basis.py, is reported as none, as its manifest records it)."""
         out: dict[str, Any] = dict(self.counts)
         out["malformed_triples"] = int(self.report.get("malformed_triples", 0))
         out["passages_without_triples"] = int(self.report.get("passages_without_triples", 0))
         out["embedding_dim"] = int(self.passage_emb.shape[1])
         out["encoder"] = self.config.encoder.model
         out["precision"] = self.precision
-        out.update(basis_stats(basis_summary(self.basis)))
+        solved = self.basis if self.basis is not None and self.basis.updates == 0 else None
+        out.update(basis_stats(basis_summary(solved)))
         return out
 
     @cached_property
@@ -307,7 +310,7 @@ def index_of_files(path: Path, manifest: dict[str, Any],
                                f"manifest says {dim}")
     try:
         index = _index_of(Path(path), manifest, config, g, e, t)
-        index.basis = _basis_of(tensors.get("basis"), index)
+        index.basis = basis_of(tensors.get("basis"), index)
     except KeyError as err:
         raise IndexFormatError(f"{path}: incomplete index ({err!r} missing)") from err
     if not isinstance(t["passage_texts"], StringTable):
@@ -373,7 +376,7 @@ def _labels_of(path: Path, data: Any) -> PassageLabels:
         raise IndexFormatError(f"{path}: malformed passage labels ({err})") from err
 
 
-def _basis_of(t: dict[str, torch.Tensor] | None, index: Index) -> PassageBasis | None:
+def basis_of(t: dict[str, torch.Tensor] | None, index: Index) -> PassageBasis | None:
     """The stored basis (None for a version without basis.safetensors); its shapes are checked
     against the graph and embeddings it was solved from. A missing entry raises KeyError."""
     if t is None:

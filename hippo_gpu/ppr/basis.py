@@ -52,22 +52,18 @@ certified with it is certified for the true h. On the synthetic
 graphs most phrase mass stays on phrases (mean h ≈ 0.1 over phrases, 0.55 over passages), so
 this bound is ~10x tighter than ‖ρ‖₁.
 
-**Why a commit re-solves the basis (at compaction) instead of patching it.** With M' the
-transition after a commit, the resolvent identity gives L' b'_j = x_j + L' u_j with
-u_j = d/(1 − d)(M' − M) x_j + (b'_j − b_j), supported on the few nodes S whose transition column
-changed (2-6 for a single-passage insert on the synthetic corpora) and the added passages. A
-patch therefore needs x_j at S, mostly phrase rows the basis does not hold; by the graph's
-symmetry (D⁻¹ L D = Lᵀ off the isolated nodes) x_j[u] = D_u Σ_{w∈T} (L e_u)_w b_j[w] / D_w, one
-push from e_u. But B2 must stay within the queries' budget (default tol 1e-6 of a reset vector
-whose dense half carries ~all the mass): over 16 commits, a tenth of the median query's budget
-allows each column ~4e-6 (10k passages) to ~5e-5 (100k) of error per commit, so x_j[u] is
-needed to ~1e-7 of its size. A push to that accuracy is not local: measured
-(benchmarks/bench_basis_locality.py, results line of commit 2994316, one thread, Xeon) it scans
-3-6x the graph's edges per node of S at 10k and 3-50x (the cap; hubs need more) at 100k, so the
-x half alone costs 0.06-0.6 s per insert at 10k against a 0.68 s re-solve, and >= 13.6-22 s at
-100k against a 12.8 s re-solve (a push edge costs ~17x a Chebyshev edge: it is sequential and
-random-access, the solve streams 65 columns per edge). The patch is thus both O(graph) and
-slower than solving again, and a commit keeps no basis; a compaction re-solves it.
+**After a commit: an update, not a patch by push.** With M' the transition after a commit, the
+resolvent identity gives L' b'_j = x_j + L' u_j with u_j = d/(1 − d)(M' − M) x_j + (b'_j − b_j),
+supported on the few nodes S whose transition column changed, so an update needs x_j at S
+(mostly phrase rows the basis does not hold) and the new graph's PPR from S. Computing x_j[u]
+by a push is not local at the accuracy the bound needs (benchmarks/bench_basis_locality.py: 3-50x
+the graph's edges per node at 100k, more than a re-solve). hippo_gpu.ppr.basis_update instead
+solves one certified column a_u = (I − dM)⁻¹ e_u per changed node on the *old* graph (every
+quantity of the Woodbury form, x_j at S by the symmetry below included, follows from those
+columns) and weights its bound by ‖(M' − M) e_u‖₁, so a hub's large x_j[u] meets its small
+column change and its error stays at the solve tolerance; the result is certified like the
+basis (basis_update.py, U1-U4). `h_err` records how far h may lie above the true passage mass,
+which an update needs and carries forward.
 
 Memory: Z is [P, D] float64 (8·P·D bytes: 51 MB at 100k passages and D = 64), z1 [P], h [N].
 """
@@ -106,6 +102,9 @@ class PassageBasis:
         tol: per-column tol of the solves.
         steps: the largest number of sparse products of a column solve.
         seconds: wall time of the solve.
+        h_err: max-norm distance of h from the true passage mass (h is rounded up by half of
+            it); inf when unknown (a basis stored before it was recorded: no update from it).
+        updates: low-rank updates since the last full solve (hippo_gpu.ppr.basis_update).
     """
 
     z: Tensor
@@ -118,6 +117,8 @@ class PassageBasis:
     tol: float
     steps: int
     seconds: float
+    h_err: float = float("inf")
+    updates: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -128,21 +129,25 @@ class PassageBasis:
         """A copy with every tensor on ``device``."""
         return PassageBasis(self.z.to(device), self.z1.to(device), self.h.to(device),
                             self.col_bound.to(device), self.z1_bound, self.z_norm1.to(device),
-                            self.damping, self.tol, self.steps, self.seconds)
+                            self.damping, self.tol, self.steps, self.seconds, self.h_err,
+                            self.updates)
 
     def tensors(self) -> dict[str, Tensor]:
         """The tensors to store (names without prefix) and the scalars as 0-d tensors."""
         return {"z": self.z, "z1": self.z1, "h": self.h, "col_bound": self.col_bound,
                 "z_norm1": self.z_norm1,
                 "scalars": torch.tensor([self.z1_bound, self.damping, self.tol,
-                                         float(self.steps), self.seconds], dtype=torch.float64)}
+                                         float(self.steps), self.seconds, self.h_err,
+                                         float(self.updates)], dtype=torch.float64)}
 
     @classmethod
     def from_tensors(cls, t: dict[str, Tensor]) -> PassageBasis:
-        """Inverse of :meth:`tensors`."""
-        z1_bound, damping, tol, steps, seconds = t["scalars"].tolist()
+        """Inverse of :meth:`tensors` (a basis stored before h_err has 5 scalars: h_err inf)."""
+        scalars = t["scalars"].tolist()
+        z1_bound, damping, tol, steps, seconds = scalars[:5]
+        h_err, updates = scalars[5:7] if len(scalars) >= 7 else (float("inf"), 0.0)
         return cls(t["z"], t["z1"], t["h"], t["col_bound"], z1_bound, t["z_norm1"], damping,
-                   tol, int(steps), seconds)
+                   tol, int(steps), seconds, h_err, int(updates))
 
     def dense_part(self, e: Tensor, alpha: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
         """(α Z e + β z1 as [Q, P] float64, its L1 bound [Q] from eq. B2, without the factor w).
@@ -165,8 +170,9 @@ class PassageBasis:
 
 
 def passage_mass(adjacency: Tensor, targets: Tensor, *, damping: float,
-                 tol: float = 1e-12, max_iter: int = 200) -> Tensor:
-    """h = Lᵀ 1_T rounded up by its max-norm bound (module docstring): [N] float64."""
+                 tol: float = 1e-12, max_iter: int = 200) -> tuple[Tensor, float]:
+    """(h, b): h = Lᵀ 1_T rounded up by its max-norm bound b (module docstring), [N] float64;
+    the true h lies within 2b below it."""
     n = adjacency.shape[0]
     transition = build_transition(adjacency, damping=damping, dtype=torch.float64,
                                   device=adjacency.device)
@@ -188,7 +194,7 @@ def passage_mass(adjacency: Tensor, targets: Tensor, *, damping: float,
             # (d Δ + ε)/(1 − d); each |difference| is within 2⁻⁵³ of itself: rounded up by 2⁻⁵⁰
             bound = (damping * delta + step_round * float(h.max())) / (1.0 - damping) \
                 * (1.0 + 2.0 ** -50) if n else 0.0
-            return (h[:, 0] + bound).cpu()
+            return (h[:, 0] + bound).cpu(), bound
     raise ConvergenceError(f"passage-mass solve did not reach {tol} in {max_iter} steps")
 
 
@@ -254,7 +260,8 @@ def solve_basis(adjacency: Tensor, passage_nodes: Tensor, passage_emb: Tensor, *
     subtract = U64 * (y[:, :dim].abs().sum(dim=0) + z1.abs().sum()) * (1.0 + (p + 2) * U64)
     z = y[:, :dim].sub_(z1.unsqueeze(1)).contiguous()
     z1_bound = float(bounds[dim])
-    h = passage_mass(adjacency.to(device), targets, damping=damping)
+    h, h_bound = passage_mass(adjacency.to(device), targets, damping=damping)
     return PassageBasis(z=z, z1=z1, h=h, col_bound=bounds[:dim] + z1_bound + subtract,
                         z1_bound=z1_bound, z_norm1=z.abs().sum(dim=0), damping=float(damping),
-                        tol=float(tol), steps=steps, seconds=time.perf_counter() - t0)
+                        tol=float(tol), steps=steps, seconds=time.perf_counter() - t0,
+                        h_err=2.0 * h_bound * (1.0 + 2.0 ** -50))

@@ -67,18 +67,27 @@ class SearcherHolder:
         one) plus those batches in flight read; an old version that stays is a leak."""
         return sum(r() is not None for r in self._served)
 
-    def switch(self, index: Index) -> None:
+    def switch(self, index: Index, *, warm: bool = False) -> None:
         """Answer from `index` from now on: a searcher over it, moved to the current one's
         device and precision, with the same settings and query encoder (loaded now if it was
         not, so every later version shares it); the memory of the dropped version goes back
-        to the OS."""
+        to the OS. With `warm`, the new searcher builds its solvers and fact codes first
+        (Searcher.warm_up, seconds at 100k passages) while queries go on answering from the
+        current one: for a switch nothing waits on (a basis update's), not a commit's."""
+        fresh = None
+        if warm:
+            old = self._searcher
+            old.encoder  # noqa: B018 - load it now, so every later version shares this one
+            fresh = old.over(index.to(old.device, old.index.precision))
+            fresh.warm_up()
         with self._switching:
             old = self._searcher
             if index.version is not None and old.index.version is not None \
                     and index.version < old.index.version:
-                return  # a follower's refresh that a writer's commit overtook
+                return  # a follower's refresh (or a warmed update) that a commit overtook
             old.encoder  # noqa: B018 - load it now, so every later version shares this one
-            self._searcher = old.over(index.to(old.device, old.index.precision))
+            self._searcher = fresh if fresh is not None else \
+                old.over(index.to(old.device, old.index.precision))
             self._served = [r for r in self._served if r() is not None]
             self._served.append(weakref.ref(self._searcher.index))
             del old

@@ -53,13 +53,18 @@ class WritableHolder(SearcherHolder):
     version in host memory (float32) between writes, so the next write reads nothing from disk.
 
     A commit writes a segment and serves a version without the passage basis (hippo_gpu.
-    versions); once no write came for `compact_quiet` seconds (or at once when the chain is due
-    by the writer's policy, `compaction_due`, under a stream that never pauses), a background
-    thread compacts (a new base with its basis: hipporag2 by linearity again) and switches
-    queries to it. Queries never wait for it; a write that arrives meanwhile waits for it to
-    finish. None: never compact here (`hippo-gpu compact` or a writer's policy does). After a
-    compaction the old base and its segments are removed at once (directory.collect_garbage;
-    one another process is reading stays until the next write).
+    versions); a background thread then brings its basis current by a low-rank update from the
+    last version that had one (versions/live_basis.py: seconds at 100k passages, not a full
+    solve), stores it with the segment and switches queries to it (hipporag2 by linearity
+    again); commits that land while it runs are folded into its next update. Once no write came
+    for `compact_quiet` seconds (or at once when the chain is due by the writer's policy,
+    `compaction_due`, under a stream that never pauses), another background thread compacts (a
+    new base, its basis solved afresh) and switches queries to it; a missing basis makes a
+    compaction due only when no update can bring it current. Queries never wait for either; a
+    write that arrives during a switch waits for it. `compact_quiet` None: never compact here
+    (`hippo-gpu compact` or a writer's policy does). After a compaction the old base and its
+    segments are removed at once (directory.collect_garbage; one another process is reading
+    stays until the next write).
 
     For its whole life the holder claims the directory (locks.claim_for_serving; `close`
     releases it): its writer holds the last version in memory and the writer lock only while it
@@ -81,6 +86,10 @@ class WritableHolder(SearcherHolder):
         self._writer: IndexWriter | None = None  # the one writer of index_dir, made on first use
         self.compact_quiet = compact_quiet
         self._compactor: threading.Thread | None = None
+        self._updater: threading.Thread | None = None
+        self._update_again = False  # a commit landed while an update ran: run once more
+        self.basis_updates = 0  # background basis updates done
+        self.update_error: str | None = None  # the last background update's failure
         self._last_write = 0.0
         self.compactions = 0  # background compactions done
         self.compact_error: str | None = None  # the last background compaction's failure
@@ -108,8 +117,55 @@ class WritableHolder(SearcherHolder):
                 report = w.last_change
             self.switch(committed)
             self._last_write = time.monotonic()
+            self._schedule_basis_update()
             self._schedule_compaction()
         return {"changed": True, **report.as_dict()}
+
+    def _schedule_basis_update(self) -> None:
+        """Called under the write lock after a commit."""
+        if self._updater is not None and self._updater.is_alive():
+            self._update_again = True  # the running update folds this commit next
+            return
+        self._update_again = False
+        self._updater = threading.Thread(target=self._update_basis, daemon=True,
+                                         name="hippo-gpu-basis")
+        self._updater.start()
+
+    def _update_basis(self) -> None:
+        """Bring the held version's basis current (IndexWriter.prepare_basis_update outside the
+        write lock, finish_basis_update under it) and switch queries to it; again while
+        commits keep landing meanwhile (each update folds all commits since the last)."""
+        while True:
+            w = self._writer
+            if w is None:
+                return
+            try:
+                prepared = w.prepare_basis_update()  # seconds: writes go on meanwhile
+                current = None
+                with self._write_lock:
+                    if prepared is not None:
+                        current = w.finish_basis_update(prepared)
+                        self.basis_updates += 1
+                    again, self._update_again = self._update_again, False
+                if current is not None:  # still the held version (unless a commit overtakes
+                    self.switch(current, warm=True)  # it meanwhile): serve its basis, warmed
+                if prepared is not None:  # after the switch: readers of other processes
+                    w.store_basis_update(prepared)
+                if not again:
+                    w.warm_anchor_solver()  # the next update's, while no write waits
+                    with self._write_lock:
+                        if not self._update_again:
+                            return
+                        self._update_again = False
+            except Exception as e:  # noqa: BLE001 - a failed update loses nothing: logged
+                self.update_error = f"{type(e).__name__}: {e}"
+                log.exception("background basis update of %s failed", self.index_dir)
+                return
+
+    def wait_for_basis_update(self, timeout: float | None = None) -> None:
+        """Block until a scheduled background basis update has finished (tests, benchmarks)."""
+        if self._updater is not None:
+            self._updater.join(timeout)
 
     def _schedule_compaction(self) -> None:
         if self.compact_quiet is None or (self._compactor and self._compactor.is_alive()):
@@ -133,9 +189,11 @@ class WritableHolder(SearcherHolder):
         try:
             with self._write_lock:
                 w = self._writer
-                # due by the chain, or by the basis the held version lacks
-                if w is None or not compaction_due(w.manifest, w.index,
-                                                   max_segments=COMPACT_AFTER):
+                # due by the chain, or by the basis the held version lacks when no update
+                # brings it current
+                if w is None or not compaction_due(
+                        w.manifest, None if w.updates_basis else w.index,
+                        max_segments=COMPACT_AFTER):
                     return
             started = time.monotonic()
             prepared = w.prepare_compaction()  # minutes at a million passages: no lock held

@@ -14,7 +14,10 @@ Layout of an index directory DIR:
                           readers' lock file)
     DIR/s000008/          a segment: what one commit changed since the version before it
                           (change.safetensors, change.json; hippo_gpu.versions.load), replayed on
-                          the base by a load
+                          the base by a load; later perhaps basis.safetensors + basis.json, the
+                          passage basis of that version brought current by a low-rank update
+                          (hippo_gpu.versions.live_basis), written after the commit by whoever
+                          computed it (`write_segment_basis`)
     DIR/.writer.lock      the single-writer lock (flock; the OS releases it if a writer dies;
                           this and .server.lock: storage/locks.py)
     DIR/.server.lock      held shared by every server that writes DIR (`serve --writable`) for its
@@ -452,6 +455,54 @@ def manifest_stats(manifest: dict[str, Any]) -> dict[str, Any] | None:
 
 Files = tuple[dict[str, dict[str, "torch.Tensor"]], dict[str, Any]]  # (tensor groups, tables)
 
+SEGMENT_BASIS = "basis.safetensors"  # a segment's updated passage basis (optional)
+SEGMENT_BASIS_RECORD = "basis.json"  # its checksum and size: written last, the file's commit
+
+
+def write_segment_basis(index_dir: str | Path, version: int,
+                        tensors: dict[str, torch.Tensor]) -> bool:
+    """Store the passage basis of segment version `version` beside its change (once: a
+    segment that has one keeps it). The tensor file and then its record are each replaced
+    atomically (durable.write_atomic), so a reader sees no record, or a record and the file it
+    describes. The manifest does not name the file: a segment stays valid without it, and a
+    reader that finds the record checks the file against it (`read_index_dir`). Needs no writer
+    lock (whoever computed the basis may store it). Returns False when the segment directory is
+    gone (a compaction replaced the chain) or already has a basis."""
+    from hippo_gpu.storage.safetensors_io import save_safetensors_stream
+
+    seg = Path(index_dir) / f"s{int(version):06d}"
+    record = seg / SEGMENT_BASIS_RECORD
+    if not (seg / READERS_LOCK).exists() or record.exists():
+        return False
+    path = seg / SEGMENT_BASIS
+    write_atomic(path, lambda tmp: save_safetensors_stream(tensors, tmp))
+    write_atomic(record, json.dumps({"version": int(version), "sha256": sha256_file(path),
+                                     "bytes": path.stat().st_size}))
+    return True
+
+
+def _segment_basis(root: Path, name: str, version: int,
+                   verify: bool) -> dict[str, torch.Tensor] | None:
+    """A segment's stored basis (`write_segment_basis`), or None when it has none or the file
+    does not match its record (logged: the version loads without it, as before it existed)."""
+    from hippo_gpu.storage.safetensors_io import load_safetensors_mmap
+
+    record_path = root / name / SEGMENT_BASIS_RECORD
+    if not record_path.exists():
+        return None
+    path = root / name / SEGMENT_BASIS
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        ok = int(record["version"]) == version and path.stat().st_size == record["bytes"] and \
+            (not verify or sha256_file(path) == record["sha256"])
+        if ok:
+            return load_safetensors_mmap(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: unreadable stored basis, loading without it (%s)", path, e)
+        return None
+    log.warning("%s: does not match %s, loading without it", path, record_path.name)
+    return None
+
 
 def read_index_dir(
     index_dir: str | Path, *, verify: bool = True, after: int | None = None,
@@ -462,7 +513,9 @@ def read_index_dir(
     under their directories' shared readers locks, so a concurrent commit or garbage collection
     cannot change what is read. With `after` (a version the caller holds, whose base is the
     manifest's too) the base is not read (None) and only the segments of later versions are:
-    what a reader needs to move to the current version. Segments come as (version, files).
+    what a reader needs to move to the current version. Segments come as (version, files);
+    the newest segment that stores a basis (`write_segment_basis`) has it as tensor group
+    "basis".
     """
     root = Path(index_dir)
     for _attempt in range(3):
@@ -493,6 +546,13 @@ def read_index_dir(
             base = _read_files(root, files, verify) if after is None else None
             segments = [(int(s["version"]), _read_files(root, s["files"], verify))
                         for s in segs]
+            # the newest stored basis only (an older one would only be replaced by it),
+            # read under its segment's readers lock like the change
+            for (version, (tensors, _)), seg in reversed(list(zip(segments, segs))):
+                basis = _segment_basis(root, seg["name"], version, verify)
+                if basis is not None:
+                    tensors[SEGMENT_BASIS.removesuffix(".safetensors")] = basis
+                    break
             return manifest, base, segments
     raise IndexFormatError(f"{root}: the index changed three times while being read")
 

@@ -63,11 +63,12 @@ from hippo_gpu.versions.delta import (
     SynonymUpdate,
     apply_change,
     lex_search,
+    node_to_new,
     plan_change,
 )
 from hippo_gpu.versions.placed_rows import PendingRows
 
-__all__ = ["Segment", "expected_counts", "replay", "replay_chain"]
+__all__ = ["Segment", "expected_counts", "replay", "replay_chain", "replay_mapped"]
 
 K = TypeVar("K", str, Triple)  # a phrase, or a fact as its (subject, predicate, object)
 
@@ -91,6 +92,12 @@ def replay(index: Index, segment: Segment, *, path: Path, version: int,
            pending: bool = False) -> Index:
     """The version one segment produces from the one before it; with `pending` its embeddings
     stay placed_rows.PendingRows (the caller settles the last one)."""
+    return replay_mapped(index, segment, path=path, version=version, pending=pending)[0]
+
+
+def replay_mapped(index: Index, segment: Segment, *, path: Path, version: int,
+                  pending: bool = False) -> tuple[Index, np.ndarray]:
+    """`replay`, and the node map from `index` to the result (delta.node_to_new)."""
     c = segment.change
     if len(c.removed) and int(c.removed.max()) >= len(index.passage_keys):
         raise IndexFormatError(f"{path}: segment {version} removes passage rows the version "
@@ -101,7 +108,7 @@ def replay(index: Index, segment: Segment, *, path: Path, version: int,
                           synonyms=segment.synonyms, pending=pending)
     _check_counts(path, version, expected_counts(new), segment.expect)
     new.path, new.version, new.timings = index.path, version, index.timings
-    return new
+    return new, node_to_new(plan)
 
 
 def _check_fits(path: Path, version: int, segment: Segment, phrases: int, facts: int) -> None:
@@ -333,13 +340,15 @@ class _Walk:
 # -- the composed change ---------------------------------------------------------------------------
 
 
-def replay_chain(index: Index, chain: Sequence[tuple[int, Segment]], *, path: Path) -> Index:
+def replay_chain(index: Index, chain: Sequence[tuple[int, Segment]], *,
+                 path: Path) -> tuple[Index, np.ndarray]:
     """The version the segments `chain` ((version, segment) in order) produce from `index`,
-    equal to replaying them one by one (module docstring); its embeddings are PendingRows
-    (the caller settles them)."""
+    equal to replaying them one by one (module docstring), and the node map from `index` to it
+    (delta.node_to_new of the one composed change); its embeddings are PendingRows (the caller
+    settles them)."""
     if len(chain) == 1:
         version, seg = chain[0]
-        return replay(index, seg, path=path, version=version, pending=True)
+        return replay_mapped(index, seg, path=path, version=version, pending=True)
     walk = _Walk(index, path)
     for j, (version, seg) in enumerate(chain):
         walk.step(j, version, seg)
@@ -395,7 +404,7 @@ def replay_chain(index: Index, chain: Sequence[tuple[int, Segment]], *, path: Pa
     new.report["synonym_knn"]["recomputed_phrases"] = int(len(segs[-1].synonyms.affected))
     _check_counts(path, version, expected_counts(new), segs[-1].expect)
     new.path, new.version, new.timings = index.path, version, index.timings
-    return new
+    return new, node_to_new(plan)
 
 
 def _fact_row(b: _Base, t: Triple) -> int:

@@ -68,7 +68,7 @@ from hippo_gpu.tables import FactTable, PassageTriples, StringTable, sorted_posi
 from hippo_gpu.versions.placed_rows import placed
 
 __all__ = ["Change", "NewVectors", "Plan", "SynonymUpdate", "apply_change", "change_counts",
-           "lex_search", "new_texts", "plan_change"]
+           "lex_search", "new_texts", "node_to_new", "plan_change"]
 
 
 @dataclass
@@ -252,6 +252,14 @@ def plan_change(base: Index, change: Change) -> Plan:
                 new_fact_rows=new_fact_rows, keep=keep,
                 passage_to_new=np.where(keep, np.cumsum(keep) - 1, -1), occ_ptr=occ_ptr,
                 occ_fact=occ_fact.astype(np.int64))
+
+
+def node_to_new(plan: Plan) -> np.ndarray:
+    """[N] the new node row of each old node row (phrases, then passages: the canonical layout),
+    −1 for a removed one. Monotone on the kept nodes (module docstring, step 2)."""
+    m_new = len(plan.phrases)
+    return np.concatenate([plan.phrase_to_new,
+                           np.where(plan.keep, plan.passage_to_new + m_new, -1)]).astype(np.int64)
 
 
 def _row_lookup(table: Sequence[str]) -> Callable[[str], int]:

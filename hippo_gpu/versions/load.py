@@ -23,9 +23,13 @@ the last version's rows are copied once (placed_rows.settle). A reader that hold
 the current one by replaying only the segments after v (`refresh_index`): no base is re-read or
 re-verified.
 
-A replayed version carries no passage basis (it depends on the whole graph; hipporag2 then
-iterates): a compaction (`IndexWriter.compact`) writes the current version as a new base with
-its basis solved, and the chain starts again from there.
+A replayed version's passage basis: the newest segment that stores one (its version's basis,
+brought current by a low-rank update: versions/live_basis.py) is where the replay splits: the
+chain up to it is replayed and gets that basis, the rest is replayed from there, and the current
+version's basis is then updated from it (or from the base's when no segment stores one) and
+stored with the current segment, so the next reader reads it. A compaction
+(`IndexWriter.compact`) writes the current version as a new base with its basis solved, and the
+chain starts again from there.
 """
 
 from __future__ import annotations
@@ -38,15 +42,16 @@ import torch
 
 from hippo_gpu.data import Passage
 from hippo_gpu.device import precision_dtype, resolve_device
-from hippo_gpu.indexing.index import Index, index_of_files
+from hippo_gpu.indexing.index import Index, basis_of, index_of_files
 from hippo_gpu.indexing.synonyms import SynonymEdges
 from hippo_gpu.storage.directory import Files, IndexFormatError, read_index_dir, read_manifest
 from hippo_gpu.versions.chain import Segment, expected_counts, replay_chain
 from hippo_gpu.versions.delta import Change, NewVectors, SynonymUpdate
+from hippo_gpu.versions.live_basis import Anchor, bring_basis_current
 from hippo_gpu.versions.placed_rows import settle
 
-__all__ = ["Segment", "expected_counts", "load_index", "load_version", "refresh_index",
-           "refresh_version", "segment_files"]
+__all__ = ["Segment", "expected_counts", "load_index", "load_version", "load_with_anchor",
+           "refresh_index", "refresh_version", "refresh_with_anchor", "segment_files"]
 
 
 def segment_files(segment: Segment) -> tuple[dict[str, dict[str, torch.Tensor]],
@@ -121,15 +126,43 @@ def load_version(path: str | Path, *, encoder: str | None = None,
                  verify: bool = True) -> tuple[Index, dict[str, Any]]:
     """What `load_index` reads: the current version on the CPU in float32, and the manifest
     that names it (read once; a writer keeps it, so its compaction policy reads nothing)."""
+    index, manifest, _ = load_with_anchor(path, encoder=encoder, verify=verify)
+    return index, manifest
+
+
+def load_with_anchor(path: str | Path, *, encoder: str | None = None, verify: bool = True,
+                     live_basis: bool = True) -> tuple[Index, dict[str, Any], Anchor | None]:
+    """`load_version`, and the anchor of the version's basis updates (live_basis.Anchor). With
+    `live_basis`, a version without a stored basis gets one updated from the anchor (and
+    stored); without, it is left to whoever holds the anchor (a writer)."""
     root = Path(path)
     manifest, base, segments = read_index_dir(root, verify=verify)
     assert base is not None
     index = index_of_files(root, manifest, base, encoder=encoder)
-    if segments:
-        index = replay_chain(index, [(v, _segment_of(root, f)) for v, f in segments], path=root)
-    index = settle(index)  # the embeddings of the last version only, each row copied once
+    index, anchor = _replay(index, Anchor.of(index), segments, root)
     index.version = manifest.get("version")
-    return index, manifest
+    if live_basis:
+        index, anchor = bring_basis_current(index, anchor)
+    return index, manifest, anchor
+
+
+def _replay(index: Index, anchor: Anchor | None, segments: list[tuple[int, Files]],
+            root: Path) -> tuple[Index, Anchor | None]:
+    """`index` with `segments` replayed (settled), split at the newest one that stores a basis
+    (module docstring), and the anchor of the result."""
+    chain = [(v, _segment_of(root, f)) for v, f in segments]
+    stored = [i for i, (_, (t, _)) in enumerate(segments) if "basis" in t]
+    if stored:
+        k = stored[-1]
+        index, _ = replay_chain(index, chain[:k + 1], path=root)
+        index = settle(index)
+        index.basis = basis_of(segments[k][1][0]["basis"], index)
+        anchor = Anchor.of(index)
+        chain = chain[k + 1:]
+    if chain:
+        index, node_map = replay_chain(index, chain, path=root)
+        anchor = anchor.after(node_map) if anchor is not None else None
+    return settle(index), anchor
 
 
 def refresh_index(index: Index, *, verify: bool = True) -> Index:
@@ -143,21 +176,31 @@ def refresh_index(index: Index, *, verify: bool = True) -> Index:
 def refresh_version(index: Index, *, verify: bool = True) -> tuple[Index, dict[str, Any]]:
     """`refresh_index`, and the manifest that names the version it returns (read once; a
     writer keeps it)."""
+    out, manifest, _ = refresh_with_anchor(index, verify=verify)
+    return out, manifest
+
+
+def refresh_with_anchor(index: Index, *, verify: bool = True, live_basis: bool = True,
+                        anchor: Anchor | None = None
+                        ) -> tuple[Index, dict[str, Any], Anchor | None]:
+    """`refresh_version`, and the anchor of the version returned (`load_with_anchor`):
+    `anchor` is the held version's (default: the held version itself when it has a basis)."""
     if index.path is None:
         raise ValueError("refresh_index needs an index loaded from (or saved to) a directory")
     root = Path(index.path)
     manifest = read_manifest(root)
+    held = anchor if anchor is not None else Anchor.of(index)
     if manifest.get("version") == index.version:
-        return index, manifest
+        return index, manifest, held
     chain = {int(s["version"]) for s in manifest.get("segments", [])}
     same = {int(str(manifest.get("base", "v0"))[1:] or 0), manifest.get("base_from")} | chain
     if index.version is None or index.version not in same:
-        out, manifest = load_version(root, verify=verify)
-        return out.to(index.device, index.precision), manifest
+        out, manifest, held = load_with_anchor(root, verify=verify, live_basis=live_basis)
+        return out.to(index.device, index.precision), manifest, held
     manifest, _, segments = read_index_dir(root, verify=verify, after=int(index.version))
     out = index.to("cpu", "float32")
-    if segments:
-        out = replay_chain(out, [(v, _segment_of(root, f)) for v, f in segments], path=root)
-    out = settle(out)
+    out, held = _replay(out, held, segments, root)
     out.version = manifest.get("version")
-    return out.to(index.device, index.precision), manifest
+    if live_basis:
+        out, held = bring_basis_current(out, held)
+    return out.to(index.device, index.precision), manifest, held

@@ -25,9 +25,14 @@ writer keeps it and reads nothing back): no triple of an unchanged passage is re
 unchanged is rewritten. Every stage is timed in `last_change.stage_seconds`.
 
 The passage basis (IndexConfig.ppr_basis, hippo_gpu.ppr.basis) depends on the whole graph, so a
-commit leaves the new version without one (hipporag2 iterates on it) and a compaction solves it:
-`compact()` writes the current version as a new base with its basis (a fresh build's within the
-certified bounds of both), after which loads replay nothing. When to compact is one policy,
+commit leaves the new version without one (hipporag2 iterates on it until it has one). The
+writer keeps the anchor of the basis updates (versions/live_basis.py: the newest version with a
+basis and the node map from it to the held version, composed at each commit), so
+`prepare_basis_update` + `finish_basis_update` bring the held version's basis current by a
+low-rank update and store it with its segment (a server runs them in the background after its
+commits); a reader that finds no stored basis updates it itself. `compact()` writes the current
+version as a new base with its basis (a fresh build's within the certified bounds of both),
+after which loads replay nothing. When to compact is one policy,
 `compaction_due`: the writer compacts by itself after a commit that leaves `compact_after`
 segments or segments over a quarter of the base's bytes; the server compacts in the background
 once writes pause, or at once when the chain is due (serve/writes.py); `hippo-gpu compact`
@@ -60,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -74,6 +80,8 @@ from hippo_gpu.embed import Encoder, runnable_precision
 from hippo_gpu.errors import DiskFullError
 from hippo_gpu.indexing.build import Stages, corpus_state, solve_index_basis
 from hippo_gpu.indexing.index import Index
+from hippo_gpu.ppr.basis_update import BasisUpdate, anchor_solver
+from hippo_gpu.ppr.solver import PPRSolver
 from hippo_gpu.storage.directory import (
     collect_garbage,
     discard_version,
@@ -91,19 +99,34 @@ from hippo_gpu.versions.delta import (
     apply_change,
     change_counts,
     new_texts,
+    node_to_new,
     plan_change,
 )
+from hippo_gpu.versions.live_basis import Anchor, store_basis, update_from_anchor
 from hippo_gpu.versions.load import (
     Segment,
     expected_counts,
-    load_version,
-    refresh_version,
+    load_with_anchor,
+    refresh_with_anchor,
     segment_files,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChangeReport", "IndexWriter"]
+__all__ = ["ChangeReport", "IndexWriter", "PreparedUpdate"]
+
+
+@dataclass(frozen=True)
+class PreparedUpdate:
+    """A basis update computed for a version the writer held (`prepare_basis_update`), and
+    that version as the next anchor."""
+
+    update: BasisUpdate
+    anchor: Anchor
+
+    @property
+    def version(self) -> int | None:
+        return self.anchor.version
 
 
 @dataclass
@@ -187,6 +210,16 @@ class IndexWriter:
         # whether the held version was read from files whose checksums were checked (or
         # computed by this writer from such a version): a compaction may copy it as it is
         self._verified = False
+        # the basis updates' anchor (versions/live_basis.py), its node map to the held version,
+        # the node maps of the commits since it (version, map from the version before) and the
+        # float64 solver of its graph (built on the first update from it)
+        self._anchor: Anchor | None = None
+        self._commit_maps: list[tuple[int, np.ndarray]] = []
+        self._anchor_solver: tuple[int | None, PPRSolver] | None = None
+        self.basis_update_skipped = False  # the last prepare_basis_update found it too large
+        # the held version and the anchor change together (commit, finish_*): a background
+        # update reads them under this lock, as one snapshot
+        self._state = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -204,9 +237,13 @@ class IndexWriter:
             self.garbage = collect_garbage(self.index_dir)
             held = self._base
             if held is None:
-                self._base, self.manifest = load_version(self.index_dir, verify=self.verify)
+                self._base, self.manifest, self._anchor = load_with_anchor(
+                    self.index_dir, verify=self.verify, live_basis=False)
             else:  # another writer may have committed since: replay its segments
-                self._base, self.manifest = refresh_version(held, verify=self.verify)
+                self._base, self.manifest, self._anchor = refresh_with_anchor(
+                    held, verify=self.verify, live_basis=False, anchor=self._anchor)
+            if self._base is not held:
+                self._commit_maps = []
             self._verified = self.verify or (self._verified and self._base is held)
             if self._encoder is not None and \
                     self._encoder.config.identity() != self._base.config.encoder.identity():
@@ -444,6 +481,7 @@ class IndexWriter:
         new, update = apply_change(base, change, plan, vectors, base.config, self.device,
                                    lap=stages.lap)
         counts = change_counts(base, change, plan, update)
+        node_map = node_to_new(plan)
         tensors, tables = segment_files(Segment(change, vectors, update, expected_counts(new)))
         with self._keeping_version("commit"):
             manifest = write_segment(self.index_dir, {"counts": new.counts,
@@ -457,7 +495,12 @@ class IndexWriter:
         new.timings = stages.seconds
         report.stage_seconds = dict(stages.seconds)
         report.version = new.version
-        self._base, self.manifest = new, manifest
+        with self._state:
+            self._base, self.manifest = new, manifest
+            if self._anchor is not None:
+                self._anchor = self._anchor.after(node_map)
+                self._commit_maps.append((int(version), node_map))
+            self.basis_update_skipped = False
         self._last_change = report
         self._reset()
         if self.compact_after is not None and \
@@ -521,7 +564,8 @@ class IndexWriter:
             self._verified = True
             stages.lap("verify")
         basis = base.basis
-        if base.config.ppr_basis and basis is None:
+        # a new base gets a solved basis: an updated one carries its updates' bounds
+        if base.config.ppr_basis and (basis is None or basis.updates > 0):
             basis = solve_index_basis(base.adjacency, base.passage_nodes, base.passage_emb,
                                       self.device)
             stages.lap("basis")
@@ -559,10 +603,86 @@ class IndexWriter:
         prepared.stages.lap("install")
         self.last_compaction = dict(prepared.stages.seconds)
         self.manifest = manifest  # names the held version either way (below)
-        if self._require_base().version == new.version:  # nothing committed meanwhile
-            new.version = manifest["version"]
-            self._base = new
+        with self._state:
+            if self._require_base().version == new.version:  # nothing committed meanwhile
+                new.version = manifest["version"]
+                self._base = new
+                self._anchor, self._commit_maps = Anchor.of(new), []
         return self._require_base()
+
+    @property
+    def updates_basis(self) -> bool:
+        """Whether `prepare_basis_update` can bring the held version's basis current (it has
+        an anchor and the last attempt was not too large): then a missing basis is no reason
+        to compact."""
+        return self._anchor is not None and not self.basis_update_skipped
+
+    # -- the live basis (versions/live_basis.py) -------------------------------------------------
+
+    def prepare_basis_update(self) -> PreparedUpdate | None:
+        """The slow half of a basis update: the held version's basis updated from the anchor
+        (no lock needed: it reads the held version and the anchor as they are now; a server
+        runs it in the background while commits go on). None when the held version has a
+        basis, there is no anchor, or the update would be too large (live_basis.MAX_SHARE)."""
+        with self._state:
+            held, anchor = self._require_base(), self._anchor
+        if held.basis is not None or anchor is None or not held.config.ppr_basis:
+            return None
+        set_threads()  # the server's background thread: torch's count, as for queries
+        solver = None
+        if self._anchor_solver is not None and self._anchor_solver[0] == anchor.version:
+            solver = self._anchor_solver[1]
+        elif held.num_nodes:
+            solver = anchor_solver(anchor.adjacency, anchor.basis.damping)
+            self._anchor_solver = (anchor.version, solver)
+        update = update_from_anchor(anchor, held, solver=solver)
+        if update is None:
+            self.basis_update_skipped = True
+            return None
+        return PreparedUpdate(update, Anchor(held.version, held.adjacency, held.passage_nodes,
+                                             held.passage_emb, update.basis))
+
+    def finish_basis_update(self, prepared: PreparedUpdate) -> Index | None:
+        """Make a prepared update's version the anchor; returns the held version with its basis
+        when it is the one updated (serve it), else None (commits came meanwhile: the next
+        update starts from this one and folds them). Then `store_basis_update` stores it and
+        `warm_anchor_solver` builds the next update's solver, both off the commit-to-serve
+        path (a server runs them after switching its queries)."""
+        with self._state:
+            return self._adopt(prepared)
+
+    def store_basis_update(self, prepared: PreparedUpdate) -> bool:
+        """Store a finished update's basis with its version's segment (live_basis.store_basis),
+        so a reader that opens that version later reads it instead of updating it."""
+        return store_basis(self.index_dir, prepared.version, prepared.update.basis)
+
+    def warm_anchor_solver(self) -> None:
+        """Build the float64 solver of the current anchor's graph now (the next
+        `prepare_basis_update` would build it first)."""
+        with self._state:
+            anchor = self._anchor
+        if anchor is None or (self._anchor_solver is not None
+                              and self._anchor_solver[0] == anchor.version):
+            return
+        set_threads()
+        self._anchor_solver = (anchor.version,
+                               anchor_solver(anchor.adjacency, anchor.basis.damping))
+
+    def _adopt(self, prepared: PreparedUpdate) -> Index | None:
+        held, basis = self._require_base(), prepared.update.basis
+        if held.version == prepared.version:
+            held = replace(held, basis=basis)  # a new object: readers keep the one they hold
+            self._base = held
+            self._anchor, self._commit_maps = Anchor.of(held), []
+            return held
+        versions = [v for v, _ in self._commit_maps]
+        if held.basis is None and prepared.version in versions:  # fold the later commits
+            anchor = prepared.anchor
+            later = self._commit_maps[versions.index(prepared.version) + 1:]
+            for _, node_map in later:
+                anchor = anchor.after(node_map)
+            self._anchor, self._commit_maps = anchor, later
+        return None
 
 
 def _as_json(report: dict[str, Any]) -> dict[str, Any]:

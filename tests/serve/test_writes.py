@@ -205,11 +205,48 @@ def test_a_write_reads_the_index_at_most_once(setup, sample_searcher, monkeypatc
     assert load_index(index_dir, device="cpu").stats() == holder.current.index.stats()
 
 
-def test_a_quiet_server_compacts_in_the_background(setup) -> None:
-    """After a write the served version has no basis (hipporag2 iterates); once writes pause,
-    the holder compacts in the background: a new base on disk, its basis served, the same
-    answers, and queries answered throughout."""
+def test_a_write_brings_the_basis_current_in_the_background(setup, sample_searcher) -> None:
+    """After each write a background thread updates the served version's passage basis from
+    the last one (versions/live_basis.py) and switches queries to it without a compaction: the
+    served version has a basis again, stored with its segment (a new reader reads it), two writes
+    in a row fold into the updates, and hipporag2 answers as a fresh build's (every score)."""
     holder, new, full, index_dir = setup
+    queries = ["Who designed the lighthouse on Skerrow?", "Where is the observatory?"]
+    with serving(create_app(holder, ServerConfig(token=TOKEN))) as url, \
+            httpx.Client(base_url=url, timeout=120) as c:
+        for rows in (new[:2], new[2:]):
+            r = c.post("/v1/passages", headers=AUTH, json={"passages": rows})
+            assert r.status_code == 200, r.text
+        holder.wait_for_basis_update(120)
+        assert holder.update_error is None and holder.basis_updates >= 1
+        served = holder.current.index
+        assert served.version == r.json()["version"] and served.basis is not None
+        assert served.basis.updates >= 1
+        got = c.post("/v1/retrieve", headers=AUTH,
+                     json={"queries": queries, "top_k": 30, "mode": "hipporag2"})
+        assert got.status_code == 200, got.text
+    assert json.loads((index_dir / "manifest.json").read_text())["segments"]  # no compaction
+    assert (index_dir / f"s{served.version:06d}" / "basis.json").exists()
+    reader = load_index(index_dir, device="cpu")
+    assert reader.basis is not None and reader.basis.updates == served.basis.updates
+    assert reader.basis.z.equal(served.basis.z.cpu())
+    want = Searcher(full, encoder=sample_searcher.encoder).retrieve(queries, top_k=30,
+                                                                    mode="hipporag2")
+    for got_hits, want_hits in zip(got.json()["results"], want):
+        got_scores = {h["key"]: h["score"] for h in got_hits}
+        assert got_scores.keys() == {h.key for h in want_hits}
+        for h in want_hits:
+            assert abs(got_scores[h.key] - h.score) <= 1e-5, h.key
+
+
+def test_a_quiet_server_compacts_in_the_background(setup, monkeypatch) -> None:
+    """Once writes pause, a holder whose chain is due by the policy (here after 1 segment)
+    compacts in the background: a new base on disk, its basis solved and served, the same
+    answers, and queries answered throughout."""
+    import hippo_gpu.serve.writes as writes
+
+    holder, new, full, index_dir = setup
+    monkeypatch.setattr(writes, "COMPACT_AFTER", 1)
     holder.compact_quiet = 0.2
     queries = ["Who designed the lighthouse on Skerrow?"]
     with serving(create_app(holder, ServerConfig(token=TOKEN))) as url, \
@@ -267,7 +304,10 @@ def test_writes_go_on_while_a_compaction_runs(setup, monkeypatch) -> None:
         assert release.wait(60)
         return real_solve(*args, **kwargs)
 
+    import hippo_gpu.serve.writes as writes
+
     monkeypatch.setattr(writer_module, "solve_index_basis", slow_solve)
+    monkeypatch.setattr(writes, "COMPACT_AFTER", 1)  # each segment makes the chain due
     holder.compact_quiet = 0.05
 
     def insert(rows):

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_dir, tmp_path):
     """A commit writes a segment and leaves the new version without a basis (it depends on the
-    whole graph); `compact` writes a new base whose basis is its own graph's (a fresh
+    whole graph); the first reader updates it from the base's (versions/live_basis.py) and
+    stores it with the segment, where the next reader finds it; `compact` writes a new base whose basis is its own graph's (a fresh
     solve_basis on it, within both bounds) and a fresh build's of the same corpus (same graph
     here, so within the bounds alone), stored with the base; loads and the writer agree."""
     from hippo_gpu.config import RetrievalConfig
@@ -41,7 +42,12 @@ def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_
         assert new.basis is None and not w.last_change.compacted
         manifest = json.loads((index_dir / MANIFEST).read_text())
         assert [s["name"] for s in manifest["segments"]] == [f"s{new.version:06d}"]
-        assert load_index(index_dir, device="cpu").basis is None
+        read = load_index(index_dir, device="cpu")  # updates the basis and stores it
+        assert read.basis is not None and read.basis.updates == 1
+        assert (index_dir / f"s{new.version:06d}" / "basis.json").exists()
+        again = load_index(index_dir, device="cpu")  # reads the stored one
+        assert torch.equal(again.basis.z, read.basis.z)
+        assert torch.equal(again.basis.h, read.basis.h)
         compacted = w.compact()
         assert "basis" in w.last_compaction
     assert compacted.version == new.version + 1

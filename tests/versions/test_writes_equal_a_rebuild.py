@@ -173,8 +173,8 @@ def test_commit_returns_the_committed_version(enc, sample, base_dir, tmp_path, m
     index_dir = copy_index(base_dir, tmp_path / "index")
     corpus = sample["corpus"]
     reads: list[Path] = []
-    real_load = writer_module.load_version
-    monkeypatch.setattr(writer_module, "load_version",
+    real_load = writer_module.load_with_anchor
+    monkeypatch.setattr(writer_module, "load_with_anchor",
                         lambda path, **kw: reads.append(path) or real_load(path, **kw))
     w = IndexWriter(index_dir, device="cpu", encoder=enc, compact_after=None)
     with w:
