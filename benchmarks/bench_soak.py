@@ -6,7 +6,8 @@ Builds a synthetic index (hash:64, `--passages`, exact synonym kNN), starts `hip
 least `--requests`, and until the last write is done) while a writer sends `--writes`
 single-passage writes spread over the requests (every third a delete), each followed by a probe
 query for the passage it wrote.
-Then it waits for the server's background compaction, asks the final version `--final-queries`
+Then it waits for the server to catch up (a compacted base, or the last segment's updated basis
+stored: soak.wait_until_served), asks the final version `--final-queries`
 queries per mode (top_k as above), and compares the directory's final version with a fresh
 build of the final corpus by what a user sees (benchmarks/soak.py: counts, edges and weights
 and synonym pairs by name, and each served ranking against the fresh build's up to certified
@@ -16,7 +17,7 @@ benchmarks/results/bench_soak.jsonl: requests, errors by status, writes, query l
 versions seen, the violations of each guarantee (tests/serve/test_soak.py asserts them at a
 small size: all must be 0), the final-vs-fresh-build comparison (`fresh_build`: rankings
 that differ and, which must be 0, that differ beyond the bounds), the server's RSS (start,
-peak, end after the compaction), the
+peak, end once the server caught up), the
 versions it still holds in memory at the end (its hippo_index_versions_in_memory gauge: 1) and
 the versions collected (directories removed) by the end. Exits 1 (after writing the line) when
 a guarantee broke.
@@ -105,8 +106,8 @@ def main(args: argparse.Namespace) -> None:
                                  top_k=args.top_k, modes=MODES))
         last = max((w.version for w in log.writes if w.version is not None), default=0)
         t = time.monotonic()
-        final_version = S.wait_for_compaction(index_dir, last, timeout_s=600)
-        compaction_wait_s = time.monotonic() - t
+        final_version = S.wait_until_served(index_dir, last, timeout_s=600)
+        settle_wait_s = time.monotonic() - t
         time.sleep(3)  # the server removes the old versions just after the switch
         rss_end = server.rss_mb()
         in_memory = S.versions_in_memory(server)
@@ -157,7 +158,7 @@ def main(args: argparse.Namespace) -> None:
                                S.visibility_violations(log))[:3],
         "final_equals_fresh_build": same and is_index_dir(index_dir),
         "fresh_build": fresh,
-        "compaction_wait_s": round(compaction_wait_s, 1),
+        "settle_wait_s": round(settle_wait_s, 1),
         "rss_mb": S.rss_summary(log, rss_end), "versions_in_memory_end": in_memory,
         "versions_created": final_version - start_version + 1,
         "versions_collected": final_version - start_version + 1 - len(remaining),

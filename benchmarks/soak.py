@@ -332,17 +332,21 @@ def versions_in_memory(server: WritableServer) -> int:
     raise ValueError("/metrics has no hippo_index_versions_in_memory")
 
 
-def wait_for_compaction(index_dir: Path, after_version: int, timeout_s: float = 120.0) -> int:
-    """Wait until the manifest names a base newer than `after_version` with no segments after
-    it (the server's background compaction ran); returns that version."""
+def wait_until_served(index_dir: Path, after_version: int, timeout_s: float = 120.0) -> int:
+    """Wait until the server caught up with the writes: the manifest names a version at or
+    after `after_version` that is a compacted base (no segments) or whose last segment stores
+    its updated basis (versions/live_basis.py: the server stores it right after serving it);
+    returns that version."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         m = json.loads((index_dir / "manifest.json").read_text())
-        if not m.get("segments") and int(m["version"]) > after_version:
+        segments = m.get("segments") or []
+        if int(m["version"]) >= after_version and (
+                not segments or (index_dir / segments[-1]["name"] / "basis.json").exists()):
             return int(m["version"])
         time.sleep(0.2)
-    raise TimeoutError(f"{index_dir}: no compaction after version {after_version} in "
-                       f"{timeout_s} s")
+    raise TimeoutError(f"{index_dir}: the server did not serve a basis at or after version "
+                       f"{after_version} in {timeout_s} s")
 
 
 # -- the checks: each returns its violations (empty: the guarantee held) ---------------------

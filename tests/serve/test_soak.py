@@ -96,7 +96,7 @@ def run_soak(tmp: Path, *, base: int, pool: int, writes: int, clients: int, requ
         log = asyncio.run(S.soak(server, ops, start, queries, clients=clients,
                                  requests=requests, top_k=top_k, modes=MODES))
         last = max((w.version for w in log.writes if w.version is not None), default=0)
-        S.wait_for_compaction(index_dir, last)
+        S.wait_until_served(index_dir, last)
         leftovers_held = settled(index_dir, {held})
         held_survived = (index_dir / held).is_dir()
         fcntl.flock(reader.fileno(), fcntl.LOCK_UN)
@@ -106,7 +106,7 @@ def run_soak(tmp: Path, *, base: int, pool: int, writes: int, clients: int, requ
                        json={"passages": [{k: extra[k] for k in ("title", "text", "triples")}]})
         assert r.status_code == 200, r.text
         final.rows[extra["key"]] = extra
-        final_version = S.wait_for_compaction(index_dir, int(r.json()["version"]))
+        final_version = S.wait_until_served(index_dir, int(r.json()["version"]))
         leftovers_end = settled(index_dir, set())
         finals = asyncio.run(S.final_queries(server, queries[:6], top_k=10, modes=MODES))
         in_memory = S.versions_in_memory(server)
@@ -153,7 +153,7 @@ def test_every_committed_write_is_visible_to_the_next_request(run: Run) -> None:
 
 
 def test_the_final_index_equals_a_fresh_build_of_the_final_corpus(run: Run) -> None:
-    """The directory's version (after the server's compactions) is the build of the corpus the
+    """The directory's version (once the server caught up) is the build of the corpus the
     writes left, passages in the writer's order, compared by what a user sees: counts, edges
     and weights and synonym pairs by name (tests/versions/index_checks.py's comparison, through
     benchmarks/soak.py), and the served rankings those of that build up to certified ties:

@@ -28,9 +28,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_a_commit_defers_the_basis_and_a_compaction_solves_it(enc, sample, base_dir, tmp_path):
     """A commit writes a segment and leaves the new version without a basis (it depends on the
     whole graph); the first reader updates it from the base's (versions/live_basis.py) and
-    stores it with the segment, where the next reader finds it; `compact` writes a new base whose basis is its own graph's (a fresh
-    solve_basis on it, within both bounds) and a fresh build's of the same corpus (same graph
-    here, so within the bounds alone), stored with the base; loads and the writer agree."""
+    stores it with the segment, where the next reader finds it; `compact` writes a new base
+    whose basis is its own graph's (a fresh solve_basis on it, within both bounds) and a fresh
+    build's of the same corpus (same graph here, so within the bounds alone), stored with the
+    base; loads and the writer agree."""
     from hippo_gpu.config import RetrievalConfig
     from hippo_gpu.ppr.basis import solve_basis
 
